@@ -1,0 +1,9 @@
+"""Interchange: a multi-protocol message gateway on trio.
+
+The package is the host: the message model (:mod:`gateway.model`), the hub
+(:mod:`gateway.hub`), the runtime that runs listeners and upstreams
+(:mod:`gateway.runtime`), transports, config and the command line. Protocols
+live in their own packages and register through entry points.
+"""
+
+__version__ = "0.1.0"

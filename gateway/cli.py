@@ -1,0 +1,160 @@
+"""The ``gateway`` command: run, check, plugins, certs."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+
+from . import __version__
+from .config import Config, ConfigError, default_config, load
+from .registry import default_registry
+
+log = logging.getLogger("gateway")
+
+
+def _load(path: str | None) -> Config:
+    return load(path) if path else default_config()
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        config = _load(args.config)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 1
+    _setup_logging(args.log_level or config.gateway.log_level)
+    if config.path is None:
+        log.info("no config file given: running the embedded default configuration")
+    try:
+        trio.run(_run, config)
+    except OSError as e:
+        log.error("cannot start: %s", e)
+        return 1
+    return 0
+
+
+async def _run(config: Config) -> None:
+    from .runtime import Gateway
+
+    gateway = Gateway(config)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_watch_signals, gateway, nursery.cancel_scope)
+        await gateway.run()
+        nursery.cancel_scope.cancel()
+
+
+async def _watch_signals(gateway: object, scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            if getattr(gateway, "draining").is_set():  # noqa: B009
+                log.warning("second %s: stopping now", signal.Signals(signum).name)
+                scope.cancel()
+                return
+            log.info("%s received", signal.Signals(signum).name)
+            gateway.shutdown()  # type: ignore[attr-defined]
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    try:
+        config = load(args.config)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 1
+    print(
+        f"{args.config}: OK ({len(config.listeners)} listeners, {len(config.upstreams)} "
+        f"upstreams, {len(config.routes)} routes)"
+    )
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    registry = default_registry()
+    print("protocols:")
+    for name, reg in registry.protocols.items():
+        if reg.error:
+            print(f"  {name:<12} BROKEN  {reg.distribution} {reg.version}: {reg.error}")
+            continue
+        plugin = reg.plugin
+        roles = ",".join(r for r in ("server", "client") if r in plugin.roles)
+        port = plugin.default_port if plugin.default_port is not None else "-"
+        print(
+            f"  {name:<12} {roles:<14} port {port!s:<6} {reg.distribution} {reg.version}"
+            + (f"  {plugin.summary}" if plugin.summary else "")
+        )
+    print("transports:")
+    for name, reg in registry.transports.items():
+        if reg.error:
+            print(f"  {name:<12} BROKEN  {reg.distribution} {reg.version}: {reg.error}")
+            continue
+        print(f"  {name:<12} {reg.plugin.kind:<14} {reg.distribution} {reg.version}")
+    return 0
+
+
+def cmd_certs_init(args: argparse.Namespace) -> int:
+    from .certs import init_dir
+
+    try:
+        paths = init_dir(Path(args.directory), hosts=args.host or None, force=args.force)
+    except FileExistsError as e:
+        print(f"{e} (use --force to replace)", file=sys.stderr)
+        return 1
+    for role, path in paths.items():
+        print(f"{role}: {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gateway", description="Interchange: a multi-protocol message gateway."
+    )
+    parser.add_argument("--version", action="version", version=f"interchange {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the gateway (the embedded default without CONFIG)")
+    run.add_argument("config", nargs="?", help="a TOML config file")
+    run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    run.set_defaults(func=cmd_run)
+
+    check = sub.add_parser("check", help="validate a config file without binding anything")
+    check.add_argument("config")
+    check.set_defaults(func=cmd_check)
+
+    plugins = sub.add_parser("plugins", help="list registered protocols and transports")
+    plugins.set_defaults(func=cmd_plugins)
+
+    certs = sub.add_parser("certs", help="development certificates")
+    certs_sub = certs.add_subparsers(dest="certs_command", required=True)
+    init = certs_sub.add_parser("init", help="create a CA, a server and a client certificate")
+    init.add_argument("directory")
+    init.add_argument(
+        "--host",
+        action="append",
+        help="a name or IP for the server certificate (repeatable; default: localhost, "
+        "127.0.0.1, ::1)",
+    )
+    init.add_argument("--force", action="store_true", help="replace existing files")
+    init.set_defaults(func=cmd_certs_init)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

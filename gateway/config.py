@@ -1,0 +1,427 @@
+"""The TOML configuration: parsed, validated and defaulted in one pass.
+
+Every error names the file and the key path (``listeners[0].tls.cert``), and
+all errors of a file are reported together. Unknown keys are errors, so a
+typo never silently falls back to a default. Relative paths are resolved
+against the config file's folder. Nothing here binds or connects.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .hub import HubLimits
+from .plugin import ListenerSettings, Option, UpstreamSettings
+from .registry import Registry, default_registry
+from .routing import UPSTREAM_PREFIX, Route, RouteError, Router
+from .transports.base import TlsClientSettings, TlsServerSettings
+from .units import parse_duration, parse_size
+
+__all__ = ["Config", "ConfigError", "GatewaySettings", "default_config", "load", "parse"]
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+_REQUIRED = object()
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(Exception):
+    """One or more problems in a config file; ``str()`` lists them, one a line."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+@dataclass(slots=True)
+class GatewaySettings:
+    data_dir: Path = Path("data")
+    drain_timeout: float = 10.0
+    log_level: str = "info"
+    limits: HubLimits = field(default_factory=HubLimits)
+
+
+@dataclass(slots=True)
+class Config:
+    gateway: GatewaySettings
+    listeners: list[ListenerSettings]
+    upstreams: list[UpstreamSettings]
+    routes: list[Route]
+    #: The file it came from; None for the embedded default.
+    path: Path | None = None
+
+
+class _Errors:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.items: list[str] = []
+
+    def add(self, key: str, message: str) -> None:
+        self.items.append(
+            f"{self.source}: {key}: {message}" if key else f"{self.source}: {message}"
+        )
+
+
+def _convert(kind: str, value: Any) -> Any:
+    """Convert ``value`` to ``kind`` or raise ValueError with the reason."""
+    if kind == "str":
+        if not isinstance(value, str):
+            raise ValueError(f"expected a string, got {_describe(value)}")
+        return value
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"expected an integer, got {_describe(value)}")
+        return value
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"expected a number, got {_describe(value)}")
+        return float(value)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {_describe(value)}")
+        return value
+    if kind == "duration":
+        return parse_duration(value)
+    if kind == "size":
+        return parse_size(value)
+    if kind in ("str_list", "str_or_list"):
+        if kind == "str_or_list" and isinstance(value, str):
+            return [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"expected a list of strings, got {_describe(value)}")
+        return list(value)
+    raise AssertionError(f"unknown option kind {kind}")
+
+
+def _describe(value: Any) -> str:
+    kind = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a table",
+    }.get(type(value), type(value).__name__)
+    return f"{kind} ({value!r})" if not isinstance(value, dict | list) else kind
+
+
+class _Table:
+    """Reads keys from one TOML table, recording errors and unknown keys."""
+
+    def __init__(self, errors: _Errors, path: str, data: Any) -> None:
+        self.errors = errors
+        self.path = path
+        self.ok = isinstance(data, dict)
+        if not self.ok:
+            errors.add(path, f"expected a table, got {_describe(data)}")
+        self.data: dict[str, Any] = data if self.ok else {}
+        self.used: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.path}.{name}" if self.path else name
+
+    def get(
+        self,
+        name: str,
+        kind: str,
+        default: Any = _REQUIRED,
+        *,
+        minimum: float | None = None,
+        choices: tuple[str, ...] = (),
+        check: Callable[[Any], None] | None = None,
+    ) -> Any:
+        self.used.add(name)
+        if name not in self.data:
+            if default is _REQUIRED:
+                self.errors.add(self.key(name), "is required")
+                return None
+            return default
+        try:
+            value = _convert(kind, self.data[name])
+            if minimum is not None and value < minimum:
+                raise ValueError(f"must be at least {minimum:g}")
+            if choices and value not in choices:
+                raise ValueError(f"must be one of {', '.join(map(repr, choices))}, got {value!r}")
+            if check is not None:
+                check(value)
+        except ValueError as e:
+            self.errors.add(self.key(name), str(e))
+            return None if default is _REQUIRED else default
+        return value
+
+    def table(self, name: str) -> _Table | None:
+        self.used.add(name)
+        if name not in self.data:
+            return None
+        return _Table(self.errors, self.key(name), self.data[name])
+
+    def options(self, schema: Mapping[str, Option]) -> dict[str, Any]:
+        return {
+            name: self.get(name, opt.kind, opt.default, minimum=opt.minimum, choices=opt.choices)
+            for name, opt in schema.items()
+        }
+
+    def finish(self, hint: str = "") -> None:
+        for name in self.data:
+            if name not in self.used:
+                self.errors.add(self.key(name), "unknown key" + (f" ({hint})" if hint else ""))
+
+
+def _path(base: Path, value: str | None) -> Path | None:
+    if value is None:
+        return None
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else base / p
+
+
+def _check_name(value: str) -> None:
+    if not _NAME.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid name (letters, digits, '_', '.', '-'; at most 64)"
+        )
+
+
+def parse(
+    data: Mapping[str, Any],
+    *,
+    source: str = "<config>",
+    base_dir: Path | None = None,
+    registry: Registry | None = None,
+) -> Config:
+    """Validate ``data`` (a parsed TOML document) into a :class:`Config`.
+
+    Raises :class:`ConfigError` listing every problem found.
+    """
+    registry = registry or default_registry()
+    base = base_dir or Path.cwd()
+    errors = _Errors(source)
+    root = _Table(errors, "", dict(data))
+
+    gw = root.table("gateway") or _Table(errors, "gateway", {})
+    limits = HubLimits(
+        buffer_bytes=gw.get("buffer_bytes", "size", HubLimits.buffer_bytes, minimum=1024),
+        buffer_messages=gw.get("buffer_messages", "int", HubLimits.buffer_messages, minimum=1),
+        max_destinations=gw.get("max_destinations", "int", HubLimits.max_destinations, minimum=1),
+    )
+    gateway = GatewaySettings(
+        data_dir=_path(base, gw.get("data_dir", "str", "data")) or base / "data",
+        drain_timeout=gw.get("drain_timeout", "duration", 10.0),
+        log_level=gw.get("log_level", "str", "info", choices=LOG_LEVELS),
+        limits=limits,
+    )
+    gw.finish()
+
+    listeners = [
+        ls
+        for i, item in enumerate(_array(root, "listeners", errors))
+        if (ls := _listener(_Table(errors, f"listeners[{i}]", item), base, registry))
+    ]
+    upstreams = [
+        up
+        for i, item in enumerate(_array(root, "upstreams", errors))
+        if (up := _upstream(_Table(errors, f"upstreams[{i}]", item), base, registry))
+    ]
+    _unique(errors, "listeners", [ls.name for ls in listeners], "name")
+    _unique(errors, "listeners", [ls.bind for ls in listeners], "bind")
+    _unique(errors, "upstreams", [up.name for up in upstreams], "name")
+
+    upstream_names = {up.name for up in upstreams}
+    routes = []
+    for i, item in enumerate(_array(root, "routes", errors)):
+        t = _Table(errors, f"routes[{i}]", item)
+        pattern = t.get("from", "str")
+        to = t.get("to", "str_or_list")
+        t.finish()
+        if pattern is None or to is None:
+            continue
+        if not to:
+            errors.add(t.key("to"), "must name at least one target")
+            continue
+        for target in to:
+            if target.startswith(UPSTREAM_PREFIX):
+                up = target[len(UPSTREAM_PREFIX) :]
+                if up not in upstream_names:
+                    errors.add(t.key("to"), f"no upstream named {up!r} is configured")
+        route = Route(pattern, tuple(to))
+        try:
+            Router([route])
+        except RouteError as e:
+            errors.add(t.key("to"), str(e))
+            continue
+        routes.append(route)
+    root.finish("top-level tables are gateway, listeners, upstreams and routes")
+
+    if errors.items:
+        raise ConfigError(errors.items)
+    return Config(gateway, listeners, upstreams, routes)
+
+
+def _array(root: _Table, name: str, errors: _Errors) -> list[Any]:
+    root.used.add(name)
+    value = root.data.get(name, [])
+    if not isinstance(value, list):
+        errors.add(name, f"expected an array of tables ([[{name}]]), got {_describe(value)}")
+        return []
+    return value
+
+
+def _unique(errors: _Errors, table: str, values: list[str], key: str) -> None:
+    seen: set[str] = set()
+    for i, v in enumerate(values):
+        if v in seen:
+            errors.add(f"{table}[{i}].{key}", f"duplicate {key} {v!r}")
+        seen.add(v)
+
+
+def _check_address(registry: Registry) -> Callable[[str], None]:
+    def check(address: str) -> None:
+        try:
+            transport = registry.socket_transport(address)
+        except LookupError as e:
+            raise ValueError(str(e)) from None
+        transport.check_address(address)
+
+    return check
+
+
+def _listener(t: _Table, base: Path, registry: Registry) -> ListenerSettings | None:
+    if not t.ok:
+        return None
+    name = t.get("name", "str", check=_check_name)
+    protocol_name = t.get("protocol", "str")
+    plugin = None
+    if protocol_name is not None:
+        try:
+            plugin = registry.protocol(protocol_name)
+            if "server" not in plugin.roles:
+                raise LookupError(f"protocol {protocol_name!r} has no server role")
+        except LookupError as e:
+            t.errors.add(t.key("protocol"), str(e))
+    bind = t.get("bind", "str", check=_check_address(registry))
+    settings = ListenerSettings(
+        name=name,
+        protocol=protocol_name,
+        bind=bind,
+        destination=t.get("destination", "str", name or ""),
+        max_connections=t.get("max_connections", "int", 1024, minimum=1),
+        handshake_timeout=t.get("handshake_timeout", "duration", 10.0),
+        idle_timeout=t.get("idle_timeout", "duration", 60.0),
+    )
+    tls = t.table("tls")
+    if tls is not None and tls.ok:
+        cert = _path(base, tls.get("cert", "str"))
+        key = _path(base, tls.get("key", "str"))
+        client_auth = tls.get(
+            "client_auth", "str", "none", choices=("none", "optional", "required")
+        )
+        client_ca = _path(base, tls.get("client_ca", "str", None))
+        min_version = tls.get("min_version", "str", "1.2", choices=("1.2", "1.3"))
+        tls.finish()
+        if client_auth != "none" and client_ca is None:
+            t.errors.add(tls.key("client_ca"), f"is required when client_auth = {client_auth!r}")
+        elif cert is not None and key is not None:
+            settings.tls = TlsServerSettings(cert, key, client_ca, client_auth, min_version)
+            _try_tls(t, tls.path, lambda: registry.layer("tls").server_context(settings.tls))
+    if plugin is not None:
+        settings.options = t.options(plugin.listener_options)
+    t.finish(f"see the {protocol_name!r} protocol's listener options" if plugin else "")
+    if None in (name, protocol_name, bind) or plugin is None:
+        return None
+    return settings
+
+
+def _upstream(t: _Table, base: Path, registry: Registry) -> UpstreamSettings | None:
+    if not t.ok:
+        return None
+    name = t.get("name", "str", check=_check_name)
+    protocol_name = t.get("protocol", "str")
+    plugin = None
+    if protocol_name is not None:
+        try:
+            plugin = registry.protocol(protocol_name)
+            if "client" not in plugin.roles:
+                raise LookupError(f"protocol {protocol_name!r} has no client role")
+        except LookupError as e:
+            t.errors.add(t.key("protocol"), str(e))
+    check = _check_address(registry)
+
+    def check_all(addresses: list[str]) -> None:
+        if not addresses:
+            raise ValueError("needs at least one address")
+        for a in addresses:
+            check(a)
+
+    settings = UpstreamSettings(
+        name=name,
+        protocol=protocol_name,
+        connect=t.get("connect", "str_or_list", check=check_all),
+        connect_timeout=t.get("connect_timeout", "duration", 10.0),
+        handshake_timeout=t.get("handshake_timeout", "duration", 10.0),
+        backoff_initial=t.get("backoff_initial", "duration", 1.0),
+        backoff_max=t.get("backoff_max", "duration", 60.0),
+    )
+    tls = t.table("tls")
+    if tls is not None and tls.ok:
+        settings.tls = TlsClientSettings(
+            ca=_path(base, tls.get("ca", "str", None)),
+            cert=_path(base, tls.get("cert", "str", None)),
+            key=_path(base, tls.get("key", "str", None)),
+            server_name=tls.get("server_name", "str", None),
+            verify=tls.get("verify", "bool", True),
+            min_version=tls.get("min_version", "str", "1.2", choices=("1.2", "1.3")),
+        )
+        tls.finish()
+        _try_tls(t, tls.path, lambda: registry.layer("tls").client_context(settings.tls))
+    if plugin is not None:
+        settings.options = t.options(plugin.upstream_options)
+    t.finish(f"see the {protocol_name!r} protocol's upstream options" if plugin else "")
+    if None in (name, protocol_name, settings.connect) or plugin is None:
+        return None
+    return settings
+
+
+def _try_tls(t: _Table, key: str, build: Callable[[], object]) -> None:
+    try:
+        build()
+    except (ValueError, LookupError, OSError) as e:
+        t.errors.add(key, str(e))
+
+
+def load(path: str | Path, registry: Registry | None = None) -> Config:
+    """Read and validate the config file at ``path``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError([f"{path}: cannot read: {e.strerror or e}"]) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError([f"{path}: not UTF-8 text: {e}"]) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError([f"{path}: invalid TOML: {e}"]) from None
+    config = parse(data, source=str(path), base_dir=path.parent.resolve(), registry=registry)
+    config.path = path
+    return config
+
+
+def default_config(registry: Registry | None = None, base_dir: Path | None = None) -> Config:
+    """The embedded default: every registered server protocol on loopback, own port."""
+    registry = registry or default_registry()
+    listeners = []
+    for name, plugin in registry.loaded_protocols().items():
+        if "server" not in plugin.roles or plugin.default_port is None:
+            continue
+        item: dict[str, Any] = {
+            "name": name,
+            "protocol": name,
+            "bind": f"127.0.0.1:{plugin.default_port}",
+        }
+        item.update(plugin.default_listener())
+        listeners.append(item)
+    data = {"gateway": {"data_dir": "data"}, "listeners": listeners}
+    return parse(data, source="<embedded default>", base_dir=base_dir, registry=registry)

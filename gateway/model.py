@@ -1,0 +1,87 @@
+"""The one message model every protocol maps onto.
+
+A protocol's listener turns each frame it receives into a :class:`Message`; the
+hub routes it; a subscriber (another protocol's connection, an upstream, the
+store) turns it back into frames. Only bytes cross the hub: a body is never
+decoded by the core, so a bridge keeps payloads byte for byte.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["Message", "Outcome", "PeerIdentity", "Source"]
+
+#: Bytes charged per message on top of body and headers, for buffer accounting:
+#: roughly what the Python objects of one queued message cost.
+MESSAGE_OVERHEAD = 200
+
+
+@dataclass(frozen=True, slots=True)
+class PeerIdentity:
+    """Who a TLS peer proved to be with its certificate."""
+
+    #: RFC 4514 string of the certificate subject, e.g. ``CN=beats-01,O=Example``.
+    subject: str
+    #: Subject alternative names as ``DNS:name``, ``IP:addr``, ``URI:…``, ``email:…``.
+    sans: tuple[str, ...] = ()
+    #: Hex SHA-256 of the DER certificate.
+    fingerprint: str = ""
+
+    @property
+    def common_name(self) -> str | None:
+        """The first CN of the subject, if any."""
+        for part in self.subject.split(","):
+            key, _, value = part.partition("=")
+            if key.strip().upper() == "CN":
+                return value.strip()
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where a message came from: kept with it for routing, enrichment and audit."""
+
+    protocol: str
+    listener: str
+    #: ``host:port`` (``[v6]:port``) or ``unix:/path``; empty when unknown.
+    peer: str = ""
+    identity: PeerIdentity | None = None
+    #: Wall-clock receive time, seconds since the epoch.
+    received_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message: a destination, opaque body bytes and string headers.
+
+    ``headers`` must be treated as read-only once the message is published
+    (it is shared by every copy a fan-out makes).
+    """
+
+    destination: str
+    body: bytes
+    headers: Mapping[str, str] = field(default_factory=dict)
+    content_type: str | None = None
+    source: Source | None = None
+
+    @property
+    def size(self) -> int:
+        """Bytes this message is charged in bounded buffers."""
+        n = len(self.body) + MESSAGE_OVERHEAD
+        for key, value in self.headers.items():
+            n += len(key) + len(value)
+        return n
+
+
+class Outcome(enum.IntEnum):
+    """How a publish settled. Larger is worse; a fan-out reports the worst."""
+
+    #: Every target delivered the message or stored it durably.
+    DELIVERED = 0
+    #: A target could not take it now; sending it again may succeed.
+    FAILED = 1
+    #: A target refused it for good (too large, not allowed, malformed).
+    REJECTED = 2

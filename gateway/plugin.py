@@ -1,0 +1,274 @@
+"""What a protocol plugin implements, and what the runtime hands it.
+
+A protocol registers an instance of :class:`ProtocolPlugin` in the
+``interchange.protocols`` entry-point group. The runtime accepts connections
+(TCP, TLS, unix) and calls :meth:`ProtocolPlugin.serve` once per connection
+with a :class:`ServerConnection`; for each configured upstream it calls
+:meth:`ProtocolPlugin.run_upstream` once with an :class:`UpstreamContext`,
+which it expects to run (reconnecting as needed) until cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import trio
+
+from .destination import Subscription
+from .hub import Hub
+from .model import PeerIdentity, Source
+from .routing import UPSTREAM_PREFIX
+
+__all__ = [
+    "Backoff",
+    "ConnectionInfo",
+    "Option",
+    "ProtocolPlugin",
+    "Role",
+    "ServerConnection",
+    "UpstreamContext",
+]
+
+Role = Literal["server", "client"]
+OptionKind = Literal["str", "int", "float", "bool", "duration", "size", "str_list"]
+
+
+class PrefixLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Prefixes every record with where it happened (listener and peer address)."""
+
+    def __init__(self, logger: logging.Logger, prefix: str) -> None:
+        super().__init__(logger, {"prefix": prefix})
+        self.prefix = prefix
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        return f"[{self.prefix}] {msg}", kwargs
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """A protocol-specific config key of a listener or an upstream."""
+
+    kind: OptionKind
+    default: Any
+    help: str
+    #: For ``int``/``float``/``size``/``duration``: the smallest value accepted.
+    minimum: float | None = None
+    #: For ``str``: the only values accepted.
+    choices: tuple[str, ...] = ()
+
+
+class ProtocolPlugin(ABC):
+    """A wire protocol: its codec driven over a stream, in one or both roles."""
+
+    #: The ``protocol = "…"`` name in config.
+    name: ClassVar[str]
+    #: Which roles it implements: ``server`` (listeners) and/or ``client`` (upstreams).
+    roles: ClassVar[frozenset[Role]]
+    #: The port the embedded default configuration listens on.
+    default_port: ClassVar[int | None] = None
+    #: One line for ``gateway plugins``.
+    summary: ClassVar[str] = ""
+    listener_options: ClassVar[Mapping[str, Option]] = {}
+    upstream_options: ClassVar[Mapping[str, Option]] = {}
+
+    def default_listener(self) -> dict[str, Any]:
+        """Extra keys for this protocol's listener in the embedded default config."""
+        return {}
+
+    async def serve(self, conn: ServerConnection) -> None:
+        """Drive one accepted connection until it ends (server role)."""
+        raise NotImplementedError(f"protocol {self.name!r} has no server role")
+
+    async def run_upstream(self, ctx: UpstreamContext) -> None:
+        """Forward the upstream's destination to its peers until cancelled (client role)."""
+        raise NotImplementedError(f"protocol {self.name!r} has no client role")
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionInfo:
+    """Facts about one connection, for logs, metadata and authorization."""
+
+    protocol: str
+    #: The listener or upstream name.
+    endpoint: str
+    peer: str
+    local: str = ""
+    identity: PeerIdentity | None = None
+    tls: bool = False
+
+
+@dataclass(slots=True)
+class ListenerSettings:
+    name: str
+    protocol: str
+    bind: str
+    destination: str
+    max_connections: int = 1024
+    handshake_timeout: float = 10.0
+    #: Close a connection with no traffic and no pending work after this long (0: never).
+    idle_timeout: float = 60.0
+    tls: Any = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class UpstreamSettings:
+    name: str
+    protocol: str
+    connect: list[str]
+    connect_timeout: float = 10.0
+    handshake_timeout: float = 10.0
+    backoff_initial: float = 1.0
+    backoff_max: float = 60.0
+    tls: Any = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class ServerConnection:
+    """One accepted connection, as a protocol's ``serve`` sees it."""
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        info: ConnectionInfo,
+        listener: ListenerSettings,
+        hub: Hub,
+        shutdown: trio.Event,
+    ) -> None:
+        self.stream = stream
+        self.info = info
+        self.listener = listener
+        self.hub = hub
+        #: Set when the gateway starts draining: finish in-flight work, take no new.
+        self.shutdown = shutdown
+        self.log = PrefixLogger(
+            logging.getLogger(f"gateway.protocol.{info.protocol}"),
+            f"{listener.name} {info.peer}",
+        )
+        self._busy = 0
+        #: Asked by the idle watchdog: True while the protocol has work pending
+        #: (unacked publishes, open subscriptions), so the connection is kept.
+        self.pending: Callable[[], bool] = _never
+        self.last_activity = trio.current_time()
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The listener's protocol-specific options, validated and defaulted."""
+        return self.listener.options
+
+    def source(self) -> Source:
+        """Source metadata for messages received now on this connection."""
+        return Source(
+            protocol=self.info.protocol,
+            listener=self.listener.name,
+            peer=self.info.peer,
+            identity=self.info.identity,
+            received_at=time.time(),
+        )
+
+    def touch(self) -> None:
+        """Record traffic: postpones the idle timeout."""
+        self.last_activity = trio.current_time()
+
+    @property
+    def busy(self) -> bool:
+        return self._busy > 0 or self.pending()
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """While inside, the connection has pending work and is never idle-closed."""
+        self._busy += 1
+        try:
+            yield
+        finally:
+            self._busy -= 1
+            self.touch()
+
+
+def _never() -> bool:
+    return False
+
+
+class Backoff:
+    """Exponential reconnect delays: ``initial``, doubling up to ``maximum``."""
+
+    def __init__(self, initial: float = 1.0, maximum: float = 60.0) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self._next = initial
+
+    def reset(self) -> None:
+        self._next = self.initial
+
+    def next_delay(self) -> float:
+        delay = self._next
+        self._next = min(self.maximum, self._next * 2 if self._next > 0 else self.initial)
+        return delay
+
+    async def sleep(self) -> None:
+        await trio.sleep(self.next_delay())
+
+
+class UpstreamContext:
+    """An upstream, as a protocol's ``run_upstream`` sees it.
+
+    Messages routed to ``upstream:NAME`` collect in :attr:`destination` under
+    the group :attr:`group`; the protocol subscribes, sends them to the peer and
+    acks each delivery only once the peer has acknowledged it.
+    """
+
+    group = "upstream"
+
+    def __init__(self, settings: UpstreamSettings, hub: Hub, connector: Any) -> None:
+        self.settings = settings
+        self.hub = hub
+        self.name = settings.name
+        self.destination = UPSTREAM_PREFIX + settings.name
+        self._connector = connector
+        self._next_address = 0
+        self.log = PrefixLogger(
+            logging.getLogger(f"gateway.upstream.{settings.protocol}"), f"upstream {self.name}"
+        )
+        self.backoff = Backoff(settings.backoff_initial, settings.backoff_max)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return self.settings.options
+
+    async def connect(self) -> tuple[trio.abc.Stream, ConnectionInfo]:
+        """Connect to the next address that answers, trying each once (failover).
+
+        Raises ``OSError`` when none does; the caller backs off and retries.
+        """
+        addresses = self.settings.connect
+        errors = []
+        for i in range(len(addresses)):
+            index = (self._next_address + i) % len(addresses)
+            address = addresses[index]
+            try:
+                stream, info = await self._connector(self, address)
+            except (OSError, trio.TooSlowError, trio.BrokenResourceError) as e:
+                errors.append(f"{address}: {e or type(e).__name__}")
+                continue
+            self._next_address = index
+            return stream, info
+        # Next round starts after the one that failed first, spreading reconnects.
+        self._next_address = (self._next_address + 1) % len(addresses)
+        raise OSError("; ".join(errors) or "no address to connect to")
+
+    def subscribe(
+        self, *, max_unacked: int = 4096, max_unacked_bytes: int | None = None
+    ) -> Subscription:
+        """Join this upstream's group (every connection of the upstream competes)."""
+        return self.hub.subscribe(
+            self.destination,
+            self.group,
+            max_unacked=max_unacked,
+            max_unacked_bytes=max_unacked_bytes,
+        )

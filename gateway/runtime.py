@@ -1,0 +1,318 @@
+"""The runtime: listeners, connections and upstreams under one trio nursery.
+
+Life of a gateway: bind every listener, start every upstream, serve; on a
+shutdown request stop accepting, let in-flight publishes settle until the
+drain deadline, then cancel what is left and close the hub. Each listener has
+its own nursery with one task per connection, and each connection its own
+nursery: an error in one connection is logged with the peer address and
+closes that connection only.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import ssl
+from dataclasses import dataclass, field
+
+import trio
+
+from .config import Config
+from .hub import Hub
+from .plugin import (
+    ConnectionInfo,
+    ListenerSettings,
+    ProtocolPlugin,
+    ServerConnection,
+    UpstreamContext,
+    UpstreamSettings,
+)
+from .registry import Registry, default_registry
+from .routing import Router
+from .transports.base import SocketTransport
+
+__all__ = ["Gateway"]
+
+log = logging.getLogger("gateway.runtime")
+
+#: accept() errors that mean "out of resources for now": wait and retry (as trio does).
+ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+_LOST = (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, ConnectionError)
+
+
+class _TrackedStream(trio.abc.Stream):
+    """Passes everything through, recording the time of each transfer."""
+
+    def __init__(self, inner: trio.abc.Stream, conn: ServerConnection | None = None) -> None:
+        self.inner = inner
+        self.conn = conn
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        data = await self.inner.receive_some(max_bytes)
+        if self.conn is not None:
+            self.conn.touch()
+        return data
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.inner.send_all(data)
+        if self.conn is not None:
+            self.conn.touch()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        send_eof = getattr(self.inner, "send_eof", None)
+        if send_eof is not None:
+            await send_eof()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@dataclass
+class _ListenerState:
+    settings: ListenerSettings
+    plugin: ProtocolPlugin
+    transport: SocketTransport
+    tls_context: ssl.SSLContext | None
+    addresses: list[str] = field(default_factory=list)
+    connections: int = 0
+    accept_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+
+
+class Gateway:
+    """A configured gateway; ``await run()`` serves until :meth:`shutdown`."""
+
+    def __init__(self, config: Config, registry: Registry | None = None) -> None:
+        self.config = config
+        self.registry = registry or default_registry()
+        self.hub = Hub(
+            Router(config.routes),
+            config.gateway.limits,
+            upstreams=[u.name for u in config.upstreams],
+        )
+        #: Set when draining starts; protocols stop taking new work.
+        self.draining = trio.Event()
+        self._shutdown_requested = trio.Event()
+        self._listeners: dict[str, _ListenerState] = {}
+        #: True once every in-flight publish settled within the drain deadline.
+        self.drained_cleanly: bool | None = None
+
+    # -- public ----------------------------------------------------------------
+    @property
+    def addresses(self) -> dict[str, list[str]]:
+        """Listener name → the addresses it is bound to (real ports)."""
+        return {name: list(s.addresses) for name, s in self._listeners.items()}
+
+    def connections(self, listener: str) -> int:
+        return self._listeners[listener].connections
+
+    def shutdown(self) -> None:
+        """Ask the gateway to drain and stop; ``run`` returns when it has."""
+        self._shutdown_requested.set()
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Bind, serve until :meth:`shutdown`, drain, and return."""
+        try:
+            async with trio.open_nursery() as work:
+                for up in self.config.upstreams:
+                    self.hub.destination(f"upstream:{up.name}").declare_group(UpstreamContext.group)
+                    work.start_soon(self._run_upstream, up, name=f"upstream {up.name}")
+                for ls in self.config.listeners:
+                    await work.start(self._serve_listener, ls, name=f"listener {ls.name}")
+                log.info(
+                    "serving: %s",
+                    ", ".join(
+                        f"{n} ({s.settings.protocol}) on {' '.join(s.addresses)}"
+                        for n, s in self._listeners.items()
+                    )
+                    or "no listeners",
+                )
+                task_status.started(self)
+                await self._shutdown_requested.wait()
+                await self._drain()
+                work.cancel_scope.cancel()
+        finally:
+            self.hub.close()
+
+    async def _drain(self) -> None:
+        log.info("shutting down: no new connections; draining in-flight work")
+        for state in self._listeners.values():
+            state.accept_scope.cancel()
+        self.draining.set()
+        deadline = self.config.gateway.drain_timeout
+        with trio.move_on_after(deadline):
+            await self.hub.wait_idle()
+        self.drained_cleanly = self.hub.inflight == 0
+        if self.drained_cleanly:
+            log.info("drained; closing")
+        else:
+            log.warning(
+                "%d publishes still unsettled after %gs; closing their connections unacked",
+                self.hub.inflight,
+                deadline,
+            )
+
+    # -- listeners ---------------------------------------------------------------
+    async def _serve_listener(
+        self, ls: ListenerSettings, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        plugin = self.registry.protocol(ls.protocol)
+        transport = self.registry.socket_transport(ls.bind)
+        tls_context = self.registry.layer("tls").server_context(ls.tls) if ls.tls else None
+        state = _ListenerState(ls, plugin, transport, tls_context)
+        listeners = await transport.listen(ls.bind)
+        state.addresses = [transport.listener_name(sl) for sl in listeners]
+        self._listeners[ls.name] = state
+        try:
+            async with trio.open_nursery() as nursery:
+                with state.accept_scope:
+                    async with trio.open_nursery() as accepting:
+                        for sl in listeners:
+                            accepting.start_soon(self._accept_loop, state, sl, nursery)
+                        task_status.started()
+                # Accepting stopped; connections in ``nursery`` go on until cancelled.
+        finally:
+            for sl in listeners:
+                await trio.aclose_forcefully(sl)
+
+    async def _accept_loop(
+        self, state: _ListenerState, listener: trio.SocketListener, nursery: trio.Nursery
+    ) -> None:
+        limit = state.settings.max_connections
+        try:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as e:
+                    if e.errno not in ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    log.error("listener %s: accept failed (%s); retrying", state.settings.name, e)
+                    await trio.sleep(0.1)
+                    continue
+                if state.connections >= limit:
+                    peer = state.transport.peer_name(stream)
+                    log.warning(
+                        "listener %s: %d connections (max_connections); refusing %s",
+                        state.settings.name,
+                        limit,
+                        peer,
+                    )
+                    await trio.aclose_forcefully(stream)
+                    continue
+                state.connections += 1
+                nursery.start_soon(self._connection, state, stream)
+        finally:
+            await trio.aclose_forcefully(listener)
+
+    async def _connection(self, state: _ListenerState, stream: trio.abc.Stream) -> None:
+        ls = state.settings
+        peer = state.transport.peer_name(stream)
+        plog = logging.getLogger(f"gateway.protocol.{ls.protocol}")
+        try:
+            try:
+                identity = None
+                if state.tls_context is not None:
+                    with trio.fail_after(ls.handshake_timeout):
+                        stream, identity = await self.registry.layer("tls").wrap_server(
+                            stream, state.tls_context
+                        )
+                info = ConnectionInfo(
+                    protocol=ls.protocol,
+                    endpoint=ls.name,
+                    peer=peer,
+                    local=state.addresses[0] if state.addresses else "",
+                    identity=identity,
+                    tls=state.tls_context is not None,
+                )
+                tracked = _TrackedStream(stream)
+                conn = ServerConnection(tracked, info, ls, self.hub, self.draining)
+                tracked.conn = conn
+                async with trio.open_nursery() as nursery:
+                    if ls.idle_timeout > 0:
+                        nursery.start_soon(_idle_watchdog, conn, nursery.cancel_scope)
+                    await state.plugin.serve(conn)
+                    nursery.cancel_scope.cancel()
+            except* trio.TooSlowError:
+                plog.warning("[%s %s] TLS handshake timed out; closing", ls.name, peer)
+            except* _LOST as eg:
+                plog.info("[%s %s] connection lost: %s", ls.name, peer, _first(eg))
+            except* Exception as eg:
+                plog.error(
+                    "[%s %s] connection failed; closing it", ls.name, peer, exc_info=_first(eg)
+                )
+        finally:
+            state.connections -= 1
+            await trio.aclose_forcefully(stream)
+
+    # -- upstreams -----------------------------------------------------------------
+    async def _run_upstream(self, up: UpstreamSettings) -> None:
+        plugin = self.registry.protocol(up.protocol)
+        tls_context = self.registry.layer("tls").client_context(up.tls) if up.tls else None
+
+        async def connector(
+            ctx: UpstreamContext, address: str
+        ) -> tuple[trio.abc.Stream, ConnectionInfo]:
+            transport = self.registry.socket_transport(address)
+            with trio.fail_after(up.connect_timeout):
+                stream = await transport.connect(address)
+            identity = None
+            if tls_context is not None:
+                try:
+                    with trio.fail_after(up.handshake_timeout):
+                        stream, identity = await self.registry.layer("tls").wrap_client(
+                            stream, tls_context, _server_name(up, address)
+                        )
+                except BaseException:
+                    await trio.aclose_forcefully(stream)
+                    raise
+            return stream, ConnectionInfo(
+                protocol=up.protocol,
+                endpoint=up.name,
+                peer=address,
+                identity=identity,
+                tls=tls_context is not None,
+            )
+
+        ctx = UpstreamContext(up, self.hub, connector)
+        while True:
+            try:
+                await plugin.run_upstream(ctx)
+                ctx.log.warning("upstream stopped by its protocol; restarting")
+            except* Exception as eg:
+                ctx.log.error("upstream failed; restarting after backoff", exc_info=_first(eg))
+            await ctx.backoff.sleep()
+
+
+async def _idle_watchdog(conn: ServerConnection, scope: trio.CancelScope) -> None:
+    timeout = conn.listener.idle_timeout
+    while True:
+        now = trio.current_time()
+        deadline = conn.last_activity + timeout
+        if now >= deadline:
+            if not conn.busy:
+                conn.log.info("idle for %gs; closing", timeout)
+                scope.cancel()
+                return
+            deadline = now + timeout
+        await trio.sleep_until(deadline)
+
+
+def _first(eg: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
+    """The first leaf exception of a group, for a one-line log."""
+    exc: BaseException = eg
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _server_name(up: UpstreamSettings, address: str) -> str | None:
+    if up.tls is not None and up.tls.server_name:
+        return up.tls.server_name
+    if address.startswith("unix:"):
+        return None
+    host = address.rsplit(":", 1)[0]
+    return host.strip("[]") or None

@@ -1,0 +1,324 @@
+"""In-memory topics: the default destination, created on first use.
+
+Every *group* subscribed to a topic gets its own copy of each message
+(fan-out); inside a group, each copy goes to one member that pulls it
+(competing consumers). A message published while no group exists waits in
+the topic's backlog, which the first group to subscribe adopts: a topic with
+no subscriber holds messages rather than dropping them.
+
+Each group's buffer (queued plus delivered-but-unacked) is bounded in bytes
+and in count. A publisher waits until every group has room, so a slow group
+slows its publishers: data is never dropped to make room.
+
+A leg of the publisher's receipt settles when the group acks its copy. A
+group of one (an anonymous subscriber) that leaves returns its copies: to the
+backlog if it was the last group, else they settle neutral, since the other
+groups still deliver theirs. A named group outlives its members and keeps
+collecting until the hub closes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+
+import trio
+
+from .destination import Delivery, Destination, Subscription
+from .model import Message, Outcome
+from .receipts import Receipt
+
+__all__ = ["Topic", "TopicLimits"]
+
+_anonymous_ids = itertools.count(1)
+
+
+class TopicLimits:
+    """Bounds applied to every group of a topic."""
+
+    __slots__ = ("max_bytes", "max_messages")
+
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024, max_messages: int = 100_000) -> None:
+        self.max_bytes = max_bytes
+        self.max_messages = max_messages
+
+
+class _Copy:
+    """One group's copy of a message, with the receipt leg it settles."""
+
+    __slots__ = ("message", "receipt", "redelivered", "size")
+
+    def __init__(self, message: Message, receipt: Receipt, size: int) -> None:
+        self.message = message
+        self.receipt = receipt
+        self.size = size
+        self.redelivered = False
+
+
+class _Group:
+    __slots__ = ("anonymous", "members", "name", "queue", "used_bytes", "used_count", "waiters")
+
+    def __init__(self, name: str | None, anonymous: bool) -> None:
+        self.name = name
+        self.anonymous = anonymous
+        self.queue: deque[_Copy] = deque()
+        #: Bytes and copies held: queued plus delivered and not yet settled.
+        self.used_bytes = 0
+        self.used_count = 0
+        self.members: list[TopicSubscription] = []
+        #: Members waiting for a copy to arrive.
+        self.waiters = trio.lowlevel.ParkingLot()
+
+    def has_room(self, size: int, limits: TopicLimits) -> bool:
+        return self.used_count < limits.max_messages and self.used_bytes + size <= limits.max_bytes
+
+    def push(self, copy: _Copy) -> None:
+        self.queue.append(copy)
+        self.used_bytes += copy.size
+        self.used_count += 1
+        if self.waiters:
+            self.waiters.unpark_all()
+
+
+class Topic(Destination):
+    """An in-memory, bounded, fan-out destination with competing-consumer groups."""
+
+    def __init__(self, name: str, limits: TopicLimits | None = None) -> None:
+        self.name = name
+        self.limits = limits or TopicLimits()
+        self._groups: dict[str, _Group] = {}
+        #: Where messages wait while no group exists.
+        self._backlog = _Group(None, anonymous=False)
+        #: Publishers waiting for room.
+        self._space = trio.lowlevel.ParkingLot()
+        self._closed = False
+
+    # -- publishing -----------------------------------------------------------
+    def _targets(self) -> list[_Group]:
+        return list(self._groups.values()) if self._groups else [self._backlog]
+
+    def check(self, message: Message) -> str | None:
+        if message.size > self.limits.max_bytes:
+            return (
+                f"message of {message.size} bytes exceeds the buffer of destination "
+                f"{self.name!r} ({self.limits.max_bytes} bytes)"
+            )
+        return None
+
+    async def put(self, message: Message, receipt: Receipt) -> None:
+        size = message.size
+        limits = self.limits
+        while True:
+            if self._closed:
+                raise trio.ClosedResourceError(f"destination {self.name!r} is closed")
+            groups = self._targets()
+            if all(g.has_room(size, limits) for g in groups):
+                break
+            await self._space.park()
+        receipt.add_legs(len(groups))
+        for g in groups:
+            g.push(_Copy(message, receipt, size))
+
+    # -- subscribing ----------------------------------------------------------
+    def declare_group(self, group: str) -> None:
+        self._group(group, anonymous=False)
+
+    def _group(self, name: str, anonymous: bool) -> _Group:
+        g = self._groups.get(name)
+        if g is None:
+            g = _Group(name, anonymous)
+            if not self._groups and self._backlog.queue:
+                # The first group adopts what waited for a subscriber.
+                g.queue, self._backlog.queue = self._backlog.queue, deque()
+                g.used_bytes, self._backlog.used_bytes = self._backlog.used_bytes, 0
+                g.used_count, self._backlog.used_count = self._backlog.used_count, 0
+            self._groups[name] = g
+        return g
+
+    def subscribe(
+        self,
+        group: str | None = None,
+        *,
+        credit: int | None = None,
+        max_unacked: int = 1024,
+        max_unacked_bytes: int | None = None,
+    ) -> TopicSubscription:
+        if self._closed:
+            raise trio.ClosedResourceError(f"destination {self.name!r} is closed")
+        anonymous = group is None
+        name = f"~{next(_anonymous_ids)}" if group is None else group
+        g = self._group(name, anonymous)
+        sub = TopicSubscription(self, g, credit, max_unacked, max_unacked_bytes)
+        g.members.append(sub)
+        return sub
+
+    def _release(self, group: _Group, copy: _Copy) -> None:
+        group.used_bytes -= copy.size
+        group.used_count -= 1
+        if self._space:
+            self._space.unpark_all()
+
+    def _leave(self, sub: TopicSubscription) -> None:
+        g = sub._group
+        g.members.remove(sub)
+        if g.members or not g.anonymous:
+            if g.waiters:
+                g.waiters.unpark_all()
+            return
+        # The last member of an anonymous group left: the group goes with it.
+        del self._groups[g.name]  # type: ignore[arg-type]
+        copies, g.queue = g.queue, deque()
+        if self._groups:
+            for copy in copies:
+                copy.receipt.settle_leg(None)
+        else:
+            for copy in copies:
+                self._backlog.push(copy)
+        if self._space:
+            self._space.unpark_all()
+
+    def close(self) -> None:
+        self._closed = True
+        self._space.unpark_all()
+        for g in self._groups.values():
+            for m in list(g.members):
+                m._closed = True
+            g.waiters.unpark_all()
+
+    def stats(self) -> dict[str, object]:
+        groups = {
+            name: {
+                "queued": len(g.queue),
+                "held_bytes": g.used_bytes,
+                "held": g.used_count,
+                "members": len(g.members),
+            }
+            for name, g in self._groups.items()
+        }
+        return {"backlog": len(self._backlog.queue), "groups": groups}
+
+
+class TopicSubscription(Subscription):
+    """A member of a topic group."""
+
+    def __init__(
+        self,
+        topic: Topic,
+        group: _Group,
+        credit: int | None,
+        max_unacked: int,
+        max_unacked_bytes: int | None,
+    ) -> None:
+        if max_unacked < 1:
+            raise ValueError("max_unacked must be at least 1")
+        self._topic = topic
+        self._group = group
+        self.destination = topic.name
+        self.group = None if group.anonymous else group.name
+        self._credit = credit
+        self._max_unacked = max_unacked
+        self._max_unacked_bytes = max_unacked_bytes
+        self._unacked: dict[int, _Copy] = {}
+        self._unacked_bytes = 0
+        self._tags = itertools.count(1)
+        self._closed = False
+
+    @property
+    def credit(self) -> int | None:
+        return self._credit
+
+    @property
+    def unacked(self) -> int:
+        return len(self._unacked)
+
+    def grant(self, n: int) -> None:
+        if n < 0:
+            raise ValueError("credit must not be negative")
+        if self._credit is not None:
+            self._credit += n
+            if self._group.waiters:
+                self._group.waiters.unpark_all()
+
+    def _room(self) -> int:
+        n = self._max_unacked - len(self._unacked)
+        if self._credit is not None:
+            n = min(n, self._credit)
+        return n
+
+    async def receive(self, max_count: int | None = None) -> list[Delivery]:
+        g = self._group
+        while True:
+            if self._closed:
+                raise trio.ClosedResourceError("subscription closed")
+            n = self._room()
+            if max_count is not None:
+                n = min(n, max_count)
+            if n > 0 and g.queue:
+                out = self._take(n)
+                if out:
+                    return out
+            await g.waiters.park()
+
+    def _take(self, n: int) -> list[Delivery]:
+        g = self._group
+        out: list[Delivery] = []
+        limit = self._max_unacked_bytes
+        while g.queue and len(out) < n:
+            copy = g.queue[0]
+            if limit is not None and self._unacked and self._unacked_bytes + copy.size > limit:
+                break
+            g.queue.popleft()
+            tag = next(self._tags)
+            self._unacked[tag] = copy
+            self._unacked_bytes += copy.size
+            out.append(Delivery(tag, copy.message, copy.redelivered))
+        if self._credit is not None:
+            self._credit -= len(out)
+        return out
+
+    def _settle(self, tag: int) -> _Copy:
+        try:
+            copy = self._unacked.pop(tag)
+        except KeyError:
+            raise KeyError(f"unknown or already settled delivery tag {tag}") from None
+        self._unacked_bytes -= copy.size
+        # Room in the unacked window may let this or another member take more.
+        if self._group.waiters:
+            self._group.waiters.unpark_all()
+        return copy
+
+    def ack(self, tag: int) -> None:
+        copy = self._settle(tag)
+        self._topic._release(self._group, copy)
+        copy.receipt.settle_leg(Outcome.DELIVERED)
+
+    def nack(
+        self,
+        tag: int,
+        *,
+        requeue: bool = True,
+        outcome: Outcome = Outcome.FAILED,
+        reason: str = "",
+    ) -> None:
+        copy = self._settle(tag)
+        if requeue:
+            copy.redelivered = True
+            self._group.queue.appendleft(copy)
+            if self._group.waiters:
+                self._group.waiters.unpark_all()
+        else:
+            self._topic._release(self._group, copy)
+            copy.receipt.settle_leg(outcome, reason)
+
+    def close(self) -> None:
+        if self._closed and self not in self._group.members:
+            return
+        self._closed = True
+        # Give unacked copies back, oldest first at the head of the queue.
+        for tag in sorted(self._unacked, reverse=True):
+            copy = self._unacked.pop(tag)
+            copy.redelivered = True
+            self._group.queue.appendleft(copy)
+        self._unacked_bytes = 0
+        if self in self._group.members:
+            self._topic._leave(self)

@@ -1,0 +1,43 @@
+"""Newline-delimited JSON for Interchange: a sans-IO codec and its trio driver.
+
+The codec (:class:`NdjsonConnection` and the events in
+:mod:`interchange_ndjson.events`) imports no I/O library; the plugin in
+:mod:`interchange_ndjson.plugin` drives it over a stream for the gateway.
+"""
+
+from .codec import CLIENT, NEED_DATA, SERVER, NdjsonConnection
+from .events import (
+    Ack,
+    ConnectionClosed,
+    Credit,
+    Deliver,
+    Error,
+    Event,
+    Nack,
+    Ping,
+    Pong,
+    Publish,
+    Published,
+    Subscribe,
+    Unsubscribe,
+)
+
+__all__ = [
+    "CLIENT",
+    "NEED_DATA",
+    "SERVER",
+    "Ack",
+    "ConnectionClosed",
+    "Credit",
+    "Deliver",
+    "Error",
+    "Event",
+    "Nack",
+    "NdjsonConnection",
+    "Ping",
+    "Pong",
+    "Publish",
+    "Published",
+    "Subscribe",
+    "Unsubscribe",
+]

@@ -1,0 +1,367 @@
+"""The trio driver of the ndjson codec, in both roles, registered as a plugin.
+
+Server role: each ``pub`` line is published to the hub and answered with an
+``ack`` line once its receipt settles (never before); each ``sub`` starts a
+pump that sends ``msg`` lines as credit and the window allow; ``ack``/``nack``
+lines settle deliveries. Reading pauses while ``max_inflight`` publishes are
+unacked or while the hub's buffer is full.
+
+Client role (an upstream): messages routed to the upstream are sent as ``pub``
+lines with ids; a delivery is acked to the hub only when the server's ``ack``
+says ``delivered``. On a lost connection, unacked deliveries go back to the
+upstream's queue and are sent again after reconnecting (at least once).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import trio
+
+from gateway.destination import Subscription
+from gateway.errors import RemoteProtocolError
+from gateway.model import Message, Outcome
+from gateway.plugin import Option, ProtocolPlugin, ServerConnection, UpstreamContext
+from gateway.receipts import Receipt
+
+from .codec import CLIENT, DEFAULT_MAX_LINE, NEED_DATA, SERVER, NdjsonConnection
+from .events import (
+    Ack,
+    ConnectionClosed,
+    Credit,
+    Deliver,
+    Error,
+    Event,
+    Nack,
+    Ping,
+    Pong,
+    Publish,
+    Published,
+    Subscribe,
+    Unsubscribe,
+)
+
+__all__ = ["NdjsonPlugin", "plugin"]
+
+RECEIVE_SIZE = 65536
+#: Unsent output above which subscription pumps wait for the socket.
+WRITE_HIGH_WATER = 1024 * 1024
+_STATUS = {Outcome.DELIVERED: "delivered", Outcome.FAILED: "failed", Outcome.REJECTED: "rejected"}
+
+
+class _Output:
+    """Bytes waiting for the one writer task; producers above the mark wait."""
+
+    def __init__(self, stream: trio.abc.SendStream) -> None:
+        self.stream = stream
+        self.buf = bytearray()
+        self._ready = trio.lowlevel.ParkingLot()
+        self._room = trio.lowlevel.ParkingLot()
+        self._flushed = trio.lowlevel.ParkingLot()
+        self._sending = False
+
+    def write(self, data: bytes) -> None:
+        self.buf += data
+        if self._ready:
+            self._ready.unpark_all()
+
+    async def write_when_room(self, data: bytes) -> None:
+        while len(self.buf) > WRITE_HIGH_WATER:
+            await self._room.park()
+        self.write(data)
+
+    async def flush(self) -> None:
+        while self.buf or self._sending:
+            await self._flushed.park()
+
+    async def run(self) -> None:
+        while True:
+            while not self.buf:
+                self._flushed.unpark_all()
+                await self._ready.park()
+            data, self.buf = self.buf, bytearray()
+            self._room.unpark_all()
+            self._sending = True
+            try:
+                await self.stream.send_all(data)
+            finally:
+                self._sending = False
+
+
+class _ServerSession:
+    def __init__(self, conn: ServerConnection) -> None:
+        self.conn = conn
+        self.codec = NdjsonConnection(SERVER, max_line=conn.options["max_line"])
+        self.out = _Output(conn.stream)
+        self.max_inflight: int = conn.options["max_inflight"]
+        self.inflight = 0
+        self._inflight_lot = trio.lowlevel.ParkingLot()
+        self.subs: dict[str, tuple[Subscription, trio.CancelScope]] = {}
+        self.tags: dict[int, tuple[Subscription, int]] = {}
+        self._next_tag = itertools.count(1)
+        conn.pending = lambda: self.inflight > 0 or bool(self.subs)
+
+    async def run(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                nursery.start_soon(self.out.run)
+                with trio.CancelScope() as reading:
+                    nursery.start_soon(_cancel_on, self.conn.shutdown, reading)
+                    await self._read()
+                # Input ended (EOF, error or shutdown): answer what is in flight, then close.
+                while self.inflight:
+                    await self._inflight_lot.park()
+                await self.out.flush()
+                nursery.cancel_scope.cancel()
+        finally:
+            for sub, _ in self.subs.values():
+                sub.close()
+
+    async def _read(self) -> None:
+        stream, codec = self.conn.stream, self.codec
+        while True:
+            data = await stream.receive_some(RECEIVE_SIZE)
+            codec.receive_data(data)
+            while True:
+                try:
+                    event = codec.next_event()
+                except RemoteProtocolError as e:
+                    await self._protocol_error(str(e))
+                    return
+                if event is NEED_DATA:
+                    break
+                if isinstance(event, ConnectionClosed):
+                    return
+                try:
+                    await self._handle(event)
+                except RemoteProtocolError as e:
+                    await self._protocol_error(str(e))
+                    return
+
+    async def _protocol_error(self, message: str) -> None:
+        self.conn.log.warning("protocol error: %s; closing", message)
+        self.out.write(self.codec.send(Error(message)))
+
+    async def _handle(self, event: Event) -> None:
+        if isinstance(event, Publish):
+            await self._publish(event)
+        elif isinstance(event, Ack):
+            sub, tag = self._delivery(event.tag)
+            sub.ack(tag)
+        elif isinstance(event, Nack):
+            sub, tag = self._delivery(event.tag)
+            if event.requeue:
+                sub.nack(tag)
+            else:
+                sub.nack(
+                    tag,
+                    requeue=False,
+                    outcome=Outcome.REJECTED,
+                    reason=f"rejected by subscriber {self.conn.info.peer}",
+                )
+        elif isinstance(event, Subscribe):
+            self._subscribe(event)
+        elif isinstance(event, Credit):
+            self._sub(event.destination).grant(event.n)
+        elif isinstance(event, Unsubscribe):
+            sub, scope = self.subs.pop(event.destination, (None, None))
+            if sub is None or scope is None:
+                raise RemoteProtocolError(f"not subscribed to {event.destination!r}")
+            scope.cancel()
+            sub.close()
+            self.tags = {t: v for t, v in self.tags.items() if v[0] is not sub}
+        elif isinstance(event, Ping):
+            self.out.write(self.codec.send(Pong()))
+
+    async def _publish(self, event: Publish) -> None:
+        while self.inflight >= self.max_inflight:
+            await self._inflight_lot.park()
+        message = Message(
+            destination=event.destination or self.conn.listener.destination,
+            body=event.body,
+            headers=event.headers,
+            content_type=event.content_type,
+            source=self.conn.source(),
+        )
+        self.inflight += 1
+        try:
+            receipt = await self.conn.hub.publish([message])
+        except BaseException:
+            self._settled(None)
+            raise
+        receipt.add_done_callback(lambda r, ident=event.id: self._answer(ident, r))
+
+    def _answer(self, ident: Any, receipt: Receipt) -> None:
+        assert receipt.outcome is not None
+        self.out.write(self.codec.send(Published(ident, _STATUS[receipt.outcome], receipt.reason)))
+        self._settled(receipt)
+
+    def _settled(self, _: Receipt | None) -> None:
+        self.inflight -= 1
+        self._inflight_lot.unpark_all()
+
+    def _subscribe(self, event: Subscribe) -> None:
+        if event.destination in self.subs:
+            raise RemoteProtocolError(f"already subscribed to {event.destination!r}")
+        sub = self.conn.hub.subscribe(
+            event.destination, event.group, credit=event.credit, max_unacked=event.window
+        )
+        scope = trio.CancelScope()
+        self.subs[event.destination] = (sub, scope)
+        self.nursery.start_soon(self._pump, sub, scope)
+
+    async def _pump(self, sub: Subscription, scope: trio.CancelScope) -> None:
+        with scope:
+            while True:
+                for d in await sub.receive():
+                    tag = next(self._next_tag)
+                    self.tags[tag] = (sub, d.tag)
+                    m = d.message
+                    line = self.codec.send(
+                        Deliver(
+                            tag, m.destination, m.body, m.headers, m.content_type, d.redelivered
+                        )
+                    )
+                    await self.out.write_when_room(line)
+
+    def _sub(self, destination: str) -> Subscription:
+        try:
+            return self.subs[destination][0]
+        except KeyError:
+            raise RemoteProtocolError(f"not subscribed to {destination!r}") from None
+
+    def _delivery(self, tag: int) -> tuple[Subscription, int]:
+        try:
+            return self.tags.pop(tag)
+        except KeyError:
+            raise RemoteProtocolError(f"unknown delivery tag {tag}") from None
+
+
+async def _cancel_on(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+class _ClientSession:
+    """One connection of an upstream: publish deliveries, ack them on the server's ack."""
+
+    def __init__(self, ctx: UpstreamContext, stream: trio.abc.Stream) -> None:
+        self.ctx = ctx
+        self.stream = stream
+        self.codec = NdjsonConnection(CLIENT, max_line=ctx.options["max_line"])
+        self.window: int = ctx.options["window"]
+        self.timeout: float = ctx.options["timeout"]
+        self.rename: str = ctx.options["destination"]
+        self.pending: dict[int, int] = {}
+        self._ids = itertools.count(1)
+        #: Fires when acks stop while publishes are pending; moved, not recreated, by sends.
+        self.ack_timer = trio.CancelScope()
+
+    async def run(self) -> None:
+        with self.ctx.subscribe(max_unacked=self.window) as sub:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._send, sub)
+                await self._receive(sub)
+                nursery.cancel_scope.cancel()
+
+    async def _send(self, sub: Subscription) -> None:
+        while True:
+            out = bytearray()
+            for d in await sub.receive():
+                ident = next(self._ids)
+                self.pending[ident] = d.tag
+                m = d.message
+                out += self.codec.send(
+                    Publish(m.body, self.rename or m.destination, m.headers, m.content_type, ident)
+                )
+            if self.ack_timer.deadline == float("inf"):
+                self.ack_timer.deadline = trio.current_time() + self.timeout
+            await self.stream.send_all(out)
+
+    async def _receive(self, sub: Subscription) -> None:
+        while True:
+            with self.ack_timer:
+                data = await self.stream.receive_some(RECEIVE_SIZE)
+            if self.ack_timer.cancelled_caught:
+                raise trio.TooSlowError(f"no ack for {self.timeout:g}s")
+            if not data:
+                raise trio.BrokenResourceError("the server closed the connection")
+            self.codec.receive_data(data)
+            while (event := self.codec.next_event()) is not NEED_DATA:
+                if isinstance(event, Published):
+                    self._settle(sub, event)
+                elif isinstance(event, Error):
+                    raise RemoteProtocolError(f"the server reported: {event.message}")
+            # Any ack restarts the clock; with nothing pending there is none.
+            self.ack_timer = trio.CancelScope(
+                deadline=trio.current_time() + self.timeout if self.pending else float("inf")
+            )
+
+    def _settle(self, sub: Subscription, event: Published) -> None:
+        if not isinstance(event.id, int) or event.id not in self.pending:
+            raise RemoteProtocolError(f"ack for unknown id {event.id!r}")
+        tag = self.pending.pop(event.id)
+        if event.status == "delivered":
+            sub.ack(tag)
+        elif event.status == "rejected":
+            sub.nack(tag, requeue=False, outcome=Outcome.REJECTED, reason=event.reason)
+        else:
+            sub.nack(tag)  # failed: retried, now or after reconnecting
+
+
+class NdjsonPlugin(ProtocolPlugin):
+    """Newline-delimited JSON, for debugging with ``nc`` and for simple scripts."""
+
+    name = "ndjson"
+    roles = frozenset({"server", "client"})
+    default_port = 7070
+    summary = "newline-delimited JSON: pub/sub with acks, for nc and scripts"
+    listener_options = {
+        "max_line": Option("size", DEFAULT_MAX_LINE, "longest line accepted, in bytes", 64),
+        "max_inflight": Option(
+            "int", 1000, "unacked publishes per connection before reading pauses", 1
+        ),
+    }
+    upstream_options = {
+        "max_line": Option("size", DEFAULT_MAX_LINE, "longest line accepted, in bytes", 64),
+        "window": Option("int", 1000, "publishes sent and not yet acked by the server", 1),
+        "timeout": Option("duration", 30.0, "reconnect when acks stop for this long", 0.001),
+        "destination": Option(
+            "str", "", "publish under this destination instead of each message's own"
+        ),
+    }
+
+    def default_listener(self) -> dict[str, Any]:
+        return {"destination": "logs"}
+
+    async def serve(self, conn: ServerConnection) -> None:
+        await _ServerSession(conn).run()
+
+    async def run_upstream(self, ctx: UpstreamContext) -> None:
+        while True:
+            try:
+                stream, info = await ctx.connect()
+            except OSError as e:
+                delay = ctx.backoff.next_delay()
+                ctx.log.warning("cannot connect (%s); retrying in %gs", e, delay)
+                await trio.sleep(delay)
+                continue
+            ctx.backoff.reset()
+            ctx.log.info("connected to %s", info.peer)
+            try:
+                async with stream:
+                    await _ClientSession(ctx, stream).run()
+            except* (
+                OSError,
+                trio.BrokenResourceError,
+                trio.TooSlowError,
+                RemoteProtocolError,
+            ) as eg:
+                ctx.log.warning("connection to %s lost: %s", info.peer, eg.exceptions[0])
+            await ctx.backoff.sleep()
+
+
+#: The object the entry point names.
+plugin = NdjsonPlugin()
