@@ -41,6 +41,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.info("no config file given: running the embedded default configuration")
     try:
         trio.run(_run, config)
+    except BaseExceptionGroup as eg:
+        bind_errors, rest = eg.split(OSError)
+        if bind_errors is None or rest is not None:
+            raise
+        first: BaseException = bind_errors
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        log.error("cannot start: %s", first)
+        return 1
     except OSError as e:
         log.error("cannot start: %s", e)
         return 1
@@ -107,8 +116,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 def cmd_certs_init(args: argparse.Namespace) -> int:
     from .certs import init_dir
 
+    hosts = {"hosts": args.host} if args.host else {}
     try:
-        paths = init_dir(Path(args.directory), hosts=args.host or None, force=args.force)
+        paths = init_dir(Path(args.directory), force=args.force, **hosts)
     except FileExistsError as e:
         print(f"{e} (use --force to replace)", file=sys.stderr)
         return 1

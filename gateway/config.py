@@ -202,10 +202,11 @@ def parse(
     root = _Table(errors, "", dict(data))
 
     gw = root.table("gateway") or _Table(errors, "gateway", {})
+    d = HubLimits()
     limits = HubLimits(
-        buffer_bytes=gw.get("buffer_bytes", "size", HubLimits.buffer_bytes, minimum=1024),
-        buffer_messages=gw.get("buffer_messages", "int", HubLimits.buffer_messages, minimum=1),
-        max_destinations=gw.get("max_destinations", "int", HubLimits.max_destinations, minimum=1),
+        buffer_bytes=gw.get("buffer_bytes", "size", d.buffer_bytes, minimum=1024),
+        buffer_messages=gw.get("buffer_messages", "int", d.buffer_messages, minimum=1),
+        max_destinations=gw.get("max_destinations", "int", d.max_destinations, minimum=1),
     )
     gateway = GatewaySettings(
         data_dir=_path(base, gw.get("data_dir", "str", "data")) or base / "data",

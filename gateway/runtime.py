@@ -164,7 +164,10 @@ class Gateway:
         transport = self.registry.socket_transport(ls.bind)
         tls_context = self.registry.layer("tls").server_context(ls.tls) if ls.tls else None
         state = _ListenerState(ls, plugin, transport, tls_context)
-        listeners = await transport.listen(ls.bind)
+        try:
+            listeners = await transport.listen(ls.bind)
+        except OSError as e:
+            raise OSError(e.errno, f"listener {ls.name!r} cannot bind {ls.bind}: {e.strerror or e}")
         state.addresses = [transport.listener_name(sl) for sl in listeners]
         self._listeners[ls.name] = state
         try:

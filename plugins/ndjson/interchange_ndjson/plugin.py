@@ -107,10 +107,8 @@ class _ServerSession:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
                 nursery.start_soon(self.out.run)
-                with trio.CancelScope() as reading:
-                    nursery.start_soon(_cancel_on, self.conn.shutdown, reading)
-                    await self._read()
-                # Input ended (EOF, error or shutdown): answer what is in flight, then close.
+                await self._read()
+                # Input ended (EOF or error): answer what is in flight, then close.
                 while self.inflight:
                     await self._inflight_lot.park()
                 await self.out.flush()
@@ -176,6 +174,11 @@ class _ServerSession:
             self.out.write(self.codec.send(Pong()))
 
     async def _publish(self, event: Publish) -> None:
+        if self.conn.shutdown.is_set():
+            # Draining: acks from subscribers are still read, new messages are not taken.
+            reason = "the gateway is shutting down"
+            self.out.write(self.codec.send(Published(event.id, "failed", reason)))
+            return
         while self.inflight >= self.max_inflight:
             await self._inflight_lot.park()
         message = Message(
@@ -237,11 +240,6 @@ class _ServerSession:
             return self.tags.pop(tag)
         except KeyError:
             raise RemoteProtocolError(f"unknown delivery tag {tag}") from None
-
-
-async def _cancel_on(event: trio.Event, scope: trio.CancelScope) -> None:
-    await event.wait()
-    scope.cancel()
 
 
 class _ClientSession:

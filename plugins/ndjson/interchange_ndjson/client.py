@@ -1,0 +1,166 @@
+"""A small async ndjson client on trio: publish with acks, subscribe, ack.
+
+For scripts, tests and the benchmark. One task may publish and one may
+receive at a time; answers to publishes are matched by id.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Mapping
+
+import trio
+
+from gateway.errors import RemoteProtocolError
+
+from .codec import CLIENT, NEED_DATA, NdjsonConnection
+from .events import (
+    Ack,
+    ConnectionClosed,
+    Credit,
+    Deliver,
+    Error,
+    Event,
+    Nack,
+    Publish,
+    Published,
+    Subscribe,
+    Unsubscribe,
+)
+
+__all__ = ["NdjsonClient"]
+
+
+class NdjsonClient:
+    """A client connection; use ``async with await NdjsonClient.connect(...)``."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.codec = NdjsonConnection(CLIENT)
+        self._ids = itertools.count(1)
+        self._answers: dict[int, Published] = {}
+        self._deliveries: deque[Deliver] = deque()
+        self._changed = trio.lowlevel.ParkingLot()
+        self._reading = False
+        self._closed_error: BaseException | None = None
+        self._send_lock = trio.Lock()
+
+    @classmethod
+    async def connect(cls, host: str, port: int) -> NdjsonClient:
+        return cls(await trio.open_tcp_stream(host, port))
+
+    async def __aenter__(self) -> NdjsonClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+    async def _send(self, event: Event) -> None:
+        async with self._send_lock:
+            await self.stream.send_all(self.codec.send(event))
+
+    # -- publishing -------------------------------------------------------------
+    async def publish(
+        self,
+        body: bytes,
+        destination: str | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> Published:
+        """Publish one message and wait for the gateway's answer."""
+        ids = await self.publish_nowait(
+            [body], destination, headers=headers, content_type=content_type
+        )
+        return (await self.wait_answers(ids))[0]
+
+    async def publish_nowait(
+        self,
+        bodies: list[bytes],
+        destination: str | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+    ) -> list[int]:
+        """Send publishes without waiting for answers; return their ids."""
+        ids = []
+        out = bytearray()
+        for body in bodies:
+            ident = next(self._ids)
+            ids.append(ident)
+            out += self.codec.send(
+                Publish(body, destination, dict(headers or {}), content_type, ident)
+            )
+        async with self._send_lock:
+            await self.stream.send_all(out)
+        return ids
+
+    async def wait_answers(self, ids: list[int]) -> list[Published]:
+        """Wait until every id in ``ids`` has been answered; return the answers."""
+        while not all(i in self._answers for i in ids):
+            await self._pump()
+        return [self._answers.pop(i) for i in ids]
+
+    # -- subscribing ------------------------------------------------------------
+    async def subscribe(
+        self,
+        destination: str,
+        group: str | None = None,
+        *,
+        credit: int | None = None,
+        window: int = 100,
+    ) -> None:
+        await self._send(Subscribe(destination, group, credit, window))
+
+    async def unsubscribe(self, destination: str) -> None:
+        await self._send(Unsubscribe(destination))
+
+    async def grant(self, destination: str, n: int) -> None:
+        await self._send(Credit(destination, n))
+
+    async def receive(self) -> Deliver:
+        """The next delivery to any subscription of this connection."""
+        while not self._deliveries:
+            await self._pump()
+        return self._deliveries.popleft()
+
+    async def ack(self, *tags: int) -> None:
+        out = b"".join(self.codec.send(Ack(t)) for t in tags)
+        async with self._send_lock:
+            await self.stream.send_all(out)
+
+    async def nack(self, tag: int, *, requeue: bool = True) -> None:
+        await self._send(Nack(tag, requeue))
+
+    # -- reading ----------------------------------------------------------------
+    async def _pump(self) -> None:
+        """Read once (or wait for the task that is reading) and sort the events."""
+        if self._closed_error is not None:
+            raise self._closed_error
+        if self._reading:
+            await self._changed.park()
+            return
+        self._reading = True
+        try:
+            data = await self.stream.receive_some(65536)
+            self.codec.receive_data(data)
+            while (event := self.codec.next_event()) is not NEED_DATA:
+                if isinstance(event, Published):
+                    self._answers[event.id] = event  # type: ignore[index]
+                elif isinstance(event, Deliver):
+                    self._deliveries.append(event)
+                elif isinstance(event, Error):
+                    self._closed_error = RemoteProtocolError(event.message)
+                elif isinstance(event, ConnectionClosed):
+                    self._closed_error = self._closed_error or trio.BrokenResourceError(
+                        "the gateway closed the connection"
+                    )
+        finally:
+            self._reading = False
+            self._changed.unpark_all()
+        if self._closed_error is not None and not self._deliveries:
+            raise self._closed_error
