@@ -88,7 +88,7 @@ def test_default_config_runs_every_protocol_on_its_port(tmp_path: Path) -> None:
     proc, listeners = start(cwd=tmp_path)
     try:
         assert listeners["ndjson"] == ("127.0.0.1", 7070)
-        msg, ack = roundtrip(listeners["ndjson"])
+        _msg, ack = roundtrip(listeners["ndjson"])
         assert ack["status"] == "delivered"
     finally:
         proc.send_signal(signal.SIGINT)

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import pytest
 import trio
 import trio.testing
+from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
 
 from gateway.config import parse
@@ -16,8 +17,6 @@ from gateway.model import Outcome
 from gateway.plugin import ProtocolPlugin, ServerConnection
 from gateway.registry import Registered, Registry, default_registry
 from gateway.runtime import Gateway
-
-from harness import host_port, running_gateway
 
 
 def ndjson_listener(**extra: Any) -> dict[str, Any]:

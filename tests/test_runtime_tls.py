@@ -70,9 +70,11 @@ async def test_mtls_identity_reaches_the_message_source(certs: dict[str, Path]) 
         [ident] = await client.publish_nowait([b"secret"])
         [delivery] = await tap.receive()
         source = delivery.message.source
-        assert source is not None and source.identity is not None
+        assert source is not None
+        assert source.identity is not None
         assert source.identity.common_name == "interchange-client"
-        assert source.protocol == "ndjson" and source.listener == "secure"
+        assert source.protocol == "ndjson"
+        assert source.listener == "secure"
         assert source.peer.startswith("127.0.0.1:")
         der = ssl.PEM_cert_to_DER_cert(certs["client_cert"].read_text())
         import hashlib
@@ -161,6 +163,7 @@ async def test_upstream_over_mtls(certs: dict[str, Path]) -> None:
             [d] = await tap.receive()
             assert d.message.body == b"across"
             identity = d.message.source.identity  # type: ignore[union-attr]
-            assert identity is not None and identity.common_name == "interchange-client"
+            assert identity is not None
+            assert identity.common_name == "interchange-client"
             tap.ack(d.tag)
             assert (await pub.wait_answers([ident]))[0].status == "delivered"
