@@ -8,6 +8,7 @@ against the config file's folder. Nothing here binds or connects.
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -79,6 +80,8 @@ def _convert(kind: str, value: Any) -> Any:
     if kind == "float":
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"expected a number, got {_describe(value)}")
+        if not math.isfinite(value):
+            raise ValueError(f"expected a finite number, got {value!r}")
         return float(value)
     if kind == "bool":
         if not isinstance(value, bool):
@@ -216,19 +219,22 @@ def parse(
     )
     gw.finish()
 
-    listeners = [
-        ls
+    # (index in the file, settings) so that errors name the entry as written.
+    indexed_listeners = [
+        (i, ls)
         for i, item in enumerate(_array(root, "listeners", errors))
         if (ls := _listener(_Table(errors, f"listeners[{i}]", item), base, registry))
     ]
-    upstreams = [
-        up
+    indexed_upstreams = [
+        (i, up)
         for i, item in enumerate(_array(root, "upstreams", errors))
         if (up := _upstream(_Table(errors, f"upstreams[{i}]", item), base, registry))
     ]
-    _unique(errors, "listeners", [ls.name for ls in listeners], "name")
-    _unique(errors, "listeners", [ls.bind for ls in listeners], "bind")
-    _unique(errors, "upstreams", [up.name for up in upstreams], "name")
+    _unique(errors, "listeners", [(i, ls.name) for i, ls in indexed_listeners], "name")
+    _unique(errors, "listeners", [(i, ls.bind) for i, ls in indexed_listeners], "bind")
+    _unique(errors, "upstreams", [(i, up.name) for i, up in indexed_upstreams], "name")
+    listeners = [ls for _, ls in indexed_listeners]
+    upstreams = [up for _, up in indexed_upstreams]
 
     upstream_names = {up.name for up in upstreams}
     routes = []
@@ -270,9 +276,9 @@ def _array(root: _Table, name: str, errors: _Errors) -> list[Any]:
     return value
 
 
-def _unique(errors: _Errors, table: str, values: list[str], key: str) -> None:
+def _unique(errors: _Errors, table: str, values: list[tuple[int, str]], key: str) -> None:
     seen: set[str] = set()
-    for i, v in enumerate(values):
+    for i, v in values:
         if v in seen:
             errors.add(f"{table}[{i}].{key}", f"duplicate {key} {v!r}")
         seen.add(v)

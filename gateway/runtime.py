@@ -96,6 +96,8 @@ class Gateway:
         self.draining = trio.Event()
         self._shutdown_requested = trio.Event()
         self._listeners: dict[str, _ListenerState] = {}
+        #: Woken whenever a connection ends (drain waits for all of them).
+        self._connection_ended = trio.lowlevel.ParkingLot()
         #: True once every in-flight publish settled within the drain deadline.
         self.drained_cleanly: bool | None = None
 
@@ -146,9 +148,16 @@ class Gateway:
         deadline = self.config.gateway.drain_timeout
         with trio.move_on_after(deadline):
             await self.hub.wait_idle()
+            # Settled work still has to reach the senders: protocols send their
+            # last acks and close by themselves once nothing is pending.
+            while any(s.connections for s in self._listeners.values()):
+                await self._connection_ended.park()
         self.drained_cleanly = self.hub.inflight == 0
         if self.drained_cleanly:
-            log.info("drained; closing")
+            open_connections = sum(s.connections for s in self._listeners.values())
+            log.info(
+                "drained; closing%s", f" {open_connections} connections" * bool(open_connections)
+            )
         else:
             log.warning(
                 "%d publishes still unsettled after %gs; closing their connections unacked",
@@ -249,6 +258,7 @@ class Gateway:
                 )
         finally:
             state.connections -= 1
+            self._connection_ended.unpark_all()
             await trio.aclose_forcefully(stream)
 
     # -- upstreams -----------------------------------------------------------------

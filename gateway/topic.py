@@ -46,12 +46,18 @@ class TopicLimits:
 class _Copy:
     """One group's copy of a message, with the receipt leg it settles."""
 
-    __slots__ = ("message", "receipt", "redelivered", "size")
+    __slots__ = ("fanout", "message", "receipt", "redelivered", "seq", "size")
 
-    def __init__(self, message: Message, receipt: Receipt, size: int) -> None:
+    def __init__(
+        self, message: Message, receipt: Receipt, size: int, seq: int, fanout: list[int]
+    ) -> None:
         self.message = message
         self.receipt = receipt
         self.size = size
+        #: Publish order within the topic: redelivered copies go back in this order.
+        self.seq = seq
+        #: Shared by the copies of one publish: how many groups still hold one.
+        self.fanout = fanout
         self.redelivered = False
 
 
@@ -92,6 +98,7 @@ class Topic(Destination):
         #: Publishers waiting for room.
         self._space = trio.lowlevel.ParkingLot()
         self._closed = False
+        self._seq = 0
 
     # -- publishing -----------------------------------------------------------
     def _targets(self) -> list[_Group]:
@@ -116,8 +123,10 @@ class Topic(Destination):
                 break
             await self._space.park()
         receipt.add_legs(len(groups))
+        self._seq += 1
+        fanout = [len(groups)]
         for g in groups:
-            g.push(_Copy(message, receipt, size))
+            g.push(_Copy(message, receipt, size, self._seq, fanout))
 
     # -- subscribing ----------------------------------------------------------
     def declare_group(self, group: str) -> None:
@@ -145,6 +154,10 @@ class Topic(Destination):
     ) -> TopicSubscription:
         if self._closed:
             raise trio.ClosedResourceError(f"destination {self.name!r} is closed")
+        if max_unacked < 1:
+            raise ValueError("max_unacked must be at least 1")
+        if credit is not None and credit < 0:
+            raise ValueError("credit must not be negative")
         anonymous = group is None
         name = f"~{next(_anonymous_ids)}" if group is None else group
         g = self._group(name, anonymous)
@@ -165,15 +178,26 @@ class Topic(Destination):
             if g.waiters:
                 g.waiters.unpark_all()
             return
-        # The last member of an anonymous group left: the group goes with it.
+        # The last member of an anonymous group left: the group goes with it. A copy
+        # another group also holds is no longer needed; an only copy moves on, to
+        # the first remaining group or to the backlog, so it is never lost.
         del self._groups[g.name]  # type: ignore[arg-type]
+        g.waiters.unpark_all()
         copies, g.queue = g.queue, deque()
-        if self._groups:
-            for copy in copies:
+        heir = next(iter(self._groups.values()), self._backlog)
+        moved = []
+        for copy in copies:
+            if copy.fanout[0] > 1:
+                copy.fanout[0] -= 1
                 copy.receipt.settle_leg(None)
-        else:
-            for copy in copies:
-                self._backlog.push(copy)
+            else:
+                moved.append(copy)
+        if moved:
+            _return_in_order(heir, moved)
+            heir.used_bytes += sum(c.size for c in moved)
+            heir.used_count += len(moved)
+            if heir.waiters:
+                heir.waiters.unpark_all()
         if self._space:
             self._space.unpark_all()
 
@@ -209,8 +233,6 @@ class TopicSubscription(Subscription):
         max_unacked: int,
         max_unacked_bytes: int | None,
     ) -> None:
-        if max_unacked < 1:
-            raise ValueError("max_unacked must be at least 1")
         self._topic = topic
         self._group = group
         self.destination = topic.name
@@ -314,11 +336,30 @@ class TopicSubscription(Subscription):
         if self._closed and self not in self._group.members:
             return
         self._closed = True
-        # Give unacked copies back, oldest first at the head of the queue.
-        for tag in sorted(self._unacked, reverse=True):
-            copy = self._unacked.pop(tag)
-            copy.redelivered = True
-            self._group.queue.appendleft(copy)
+        # Give unacked copies back to the head of the queue, in publish order.
+        returned = list(self._unacked.values())
+        self._unacked.clear()
         self._unacked_bytes = 0
+        for copy in returned:
+            copy.redelivered = True
+        if returned:
+            _return_in_order(self._group, returned)
         if self in self._group.members:
             self._topic._leave(self)
+
+
+def _return_in_order(group: _Group, copies: list[_Copy]) -> None:
+    """Put ``copies`` back at the head of ``group``'s queue, keeping publish order.
+
+    Only the head can be out of order (earlier nacks), so just the part of the
+    queue older than the newest returned copy is merged; accounting is the caller's.
+    """
+    copies.sort(key=lambda c: c.seq)
+    newest = copies[-1].seq
+    head = []
+    queue = group.queue
+    while queue and queue[0].seq < newest:
+        head.append(queue.popleft())
+    head.extend(copies)
+    head.sort(key=lambda c: c.seq)
+    queue.extendleft(reversed(head))

@@ -16,7 +16,6 @@ connection is then in the ``ERROR`` state and the driver answers with an
 from __future__ import annotations
 
 import base64
-import binascii
 import enum
 import json
 from collections.abc import Mapping
@@ -156,11 +155,25 @@ class NdjsonConnection:
 
 
 # -- parsing ------------------------------------------------------------------------
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def _load(line: bytes) -> Any:
+    """Strict JSON from one UTF-8 line (no UTF-16/32 sniffing, no NaN, bounded depth)."""
     try:
-        return json.loads(line)
-    except (ValueError, UnicodeDecodeError) as e:
+        return json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise RemoteProtocolError(f"invalid JSON: {e}") from None
+
+
+def _text(value: str, key: str) -> str:
+    """``value`` unless it holds a lone surrogate (valid JSON, invalid Unicode)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RemoteProtocolError(f"field {key!r} is not valid Unicode") from None
+    return value
 
 
 def _field(
@@ -175,6 +188,8 @@ def _field(
         raise RemoteProtocolError(f"field {key!r} has the wrong type")
     if not isinstance(value, kind):
         raise RemoteProtocolError(f"field {key!r} has the wrong type")
+    if isinstance(value, str):
+        _text(value, key)
     return value
 
 
@@ -189,6 +204,9 @@ def _headers(obj: Mapping[str, Any]) -> dict[str, str]:
     headers = _field(obj, "headers", dict, {})
     if not all(isinstance(v, str) for v in headers.values()):
         raise RemoteProtocolError("header values must be strings")
+    for k, v in headers.items():
+        _text(k, "headers")
+        _text(v, "headers")
     return headers
 
 
@@ -204,15 +222,20 @@ def _body(obj: Mapping[str, Any]) -> tuple[bytes, str | None]:
         value = _field(obj, key, str)
         if key == "body":
             return value.encode("utf-8"), None
-    except UnicodeEncodeError:
-        raise RemoteProtocolError(f"field {key!r} holds a lone surrogate") from None
+    except (UnicodeEncodeError, ValueError, RecursionError):
+        raise RemoteProtocolError(f"field {key!r} is not valid JSON text") from None
     try:
         return base64.b64decode(value, validate=True), None
-    except binascii.Error as e:
+    except ValueError as e:  # binascii.Error, or non-ASCII text
         raise RemoteProtocolError(f"field 'b64' is not base64: {e}") from None
 
 
 _MAX_CREDIT = 2**63 - 1
+
+
+def _content_type(obj: Mapping[str, Any], implied: str | None) -> str | None:
+    value = _field(obj, "content_type", str, None)
+    return implied if value is None else value
 
 
 def _parse_client_line(line: bytes) -> Event:
@@ -230,7 +253,7 @@ def _parse_client_line(line: bytes) -> Event:
             body=body,
             destination=_field(obj, "dest", str, None),
             headers=_headers(obj),
-            content_type=_field(obj, "content_type", str, None) or implied_type,
+            content_type=_content_type(obj, implied_type),
             id=ident,
         )
     if op == "sub":
@@ -272,7 +295,7 @@ def _parse_server_line(line: bytes) -> Event:
             destination=_field(obj, "dest", str),
             body=body,
             headers=_headers(obj),
-            content_type=_field(obj, "content_type", str, None) or implied_type,
+            content_type=_content_type(obj, implied_type),
             redelivered=_field(obj, "redelivered", bool, False),
         )
     if op == "pong":
@@ -340,7 +363,8 @@ def _to_object(event: Event) -> dict[str, Any]:
 
 
 def _dump_compact(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return text.encode("utf-8")
 
 
 def _dump(obj: dict[str, Any]) -> bytes:

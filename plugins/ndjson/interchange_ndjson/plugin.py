@@ -96,7 +96,8 @@ class _ServerSession:
         self.out = _Output(conn.stream)
         self.max_inflight: int = conn.options["max_inflight"]
         self.inflight = 0
-        self._inflight_lot = trio.lowlevel.ParkingLot()
+        #: Woken when a publish is answered or a delivery settled.
+        self._progress = trio.lowlevel.ParkingLot()
         self.subs: dict[str, tuple[Subscription, trio.CancelScope]] = {}
         self.tags: dict[int, tuple[Subscription, int]] = {}
         self._next_tag = itertools.count(1)
@@ -107,15 +108,26 @@ class _ServerSession:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
                 nursery.start_soon(self.out.run)
+                nursery.start_soon(self._close_when_drained)
                 await self._read()
                 # Input ended (EOF or error): answer what is in flight, then close.
                 while self.inflight:
-                    await self._inflight_lot.park()
+                    await self._progress.park()
                 await self.out.flush()
                 nursery.cancel_scope.cancel()
         finally:
             for sub, _ in self.subs.values():
                 sub.close()
+
+    async def _close_when_drained(self) -> None:
+        """At shutdown: no new deliveries; close once every answer and ack is through."""
+        await self.conn.shutdown.wait()
+        for _, scope in self.subs.values():
+            scope.cancel()
+        while self.inflight or self.tags:
+            await self._progress.park()
+        await self.out.flush()
+        self.nursery.cancel_scope.cancel()
 
     async def _read(self) -> None:
         stream, codec = self.conn.stream, self.codec
@@ -148,6 +160,7 @@ class _ServerSession:
         elif isinstance(event, Ack):
             sub, tag = self._delivery(event.tag)
             sub.ack(tag)
+            self._progress.unpark_all()
         elif isinstance(event, Nack):
             sub, tag = self._delivery(event.tag)
             if event.requeue:
@@ -159,6 +172,7 @@ class _ServerSession:
                     outcome=Outcome.REJECTED,
                     reason=f"rejected by subscriber {self.conn.info.peer}",
                 )
+            self._progress.unpark_all()
         elif isinstance(event, Subscribe):
             self._subscribe(event)
         elif isinstance(event, Credit):
@@ -180,7 +194,7 @@ class _ServerSession:
             self.out.write(self.codec.send(Published(event.id, "failed", reason)))
             return
         while self.inflight >= self.max_inflight:
-            await self._inflight_lot.park()
+            await self._progress.park()
         message = Message(
             destination=event.destination or self.conn.listener.destination,
             body=event.body,
@@ -203,9 +217,11 @@ class _ServerSession:
 
     def _settled(self, _: Receipt | None) -> None:
         self.inflight -= 1
-        self._inflight_lot.unpark_all()
+        self._progress.unpark_all()
 
     def _subscribe(self, event: Subscribe) -> None:
+        if self.conn.shutdown.is_set():
+            raise RemoteProtocolError("the gateway is shutting down")
         if event.destination in self.subs:
             raise RemoteProtocolError(f"already subscribed to {event.destination!r}")
         sub = self.conn.hub.subscribe(
