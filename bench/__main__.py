@@ -18,9 +18,12 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import platform
 import resource
+import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -29,9 +32,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from . import Benchmark, Metric, Result, benchmarks
+from . import Benchmark, Metric, benchmarks
+from ._system import busy_cores, wait_for_idle
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+#: Cores' worth of CPU used by others above which the machine is not "quiet".
+IDLE_THRESHOLD = 0.15
 
 
 def build_parser(registry: dict[str, Benchmark]) -> argparse.ArgumentParser:
@@ -54,9 +60,31 @@ def build_parser(registry: dict[str, Benchmark]) -> argparse.ArgumentParser:
             help="where to write the JSON record (default: bench/results/NAME-<UTC time>.json)",
         )
         p.add_argument("--no-json", action="store_true", help="do not write a JSON record")
+        p.add_argument(
+            "--repeat",
+            type=_positive_int,
+            default=1,
+            metavar="N",
+            help="run N times and report the median, min and max of each metric (default: 1)",
+        )
+        p.add_argument(
+            "--wait-idle",
+            type=float,
+            default=0.0,
+            metavar="SECONDS",
+            help="first wait up to SECONDS for the machine to be quiet (under "
+            f"{IDLE_THRESHOLD:g} cores busy over a second); default: just measure it",
+        )
         if bench.add_arguments is not None:
             bench.add_arguments(p)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {text}")
+    return value
 
 
 def _positive_float(text: str) -> float:
@@ -83,29 +111,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = registry[args.benchmark]
 
     started = dt.datetime.now(dt.UTC)
-    self_before = resource.getrusage(resource.RUSAGE_SELF)
-    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    wall_before = time.perf_counter()
-    result = bench.run(args)
-    wall = time.perf_counter() - wall_before
-    self_after = resource.getrusage(resource.RUSAGE_SELF)
-    children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-
-    process = {
-        "wall_s": wall,
-        "self_cpu_user_s": self_after.ru_utime - self_before.ru_utime,
-        "self_cpu_system_s": self_after.ru_stime - self_before.ru_stime,
-        # ru_maxrss is in KiB on Linux.
-        "self_max_rss_mib": self_after.ru_maxrss / 1024,
-        "children_cpu_user_s": children_after.ru_utime - children_before.ru_utime,
-        "children_cpu_system_s": children_after.ru_stime - children_before.ru_stime,
-        "children_max_rss_mib": children_after.ru_maxrss / 1024,
-    }
-    header = ", ".join(f"{k}={v}" for k, v in result.params.items())
-    print(f"{bench.name} ({header})" if header else bench.name)
-    print(format_table(result.metrics + _process_metrics(process)))
-    for problem in result.problems:
-        print(f"PROBLEM: {problem}", file=sys.stderr)
+    runs = []
+    for i in range(args.repeat):
+        if args.repeat > 1:
+            print(f"== run {i + 1} of {args.repeat}", flush=True)
+        run = run_once(bench, args)
+        runs.append(run)
+        metrics: list[Metric] = run["metrics"]
+        header = ", ".join(f"{k}={v}" for k, v in run["params"].items())
+        print(f"{bench.name} ({header})" if header else bench.name)
+        print(format_table([(m.name, format_value(m.value), m.unit) for m in metrics]))
+        sys.stdout.flush()
+        if "warning" in run["details"]:
+            print(f"warning: {run['details']['warning']}", file=sys.stderr)
+        for problem in run["problems"]:
+            print(f"PROBLEM: {problem}", file=sys.stderr)
+        sys.stderr.flush()
+    summary = summarize([run["metrics"] for run in runs])
+    if args.repeat > 1:
+        print(f"== {bench.name}: median and range of {args.repeat} runs")
+        print(
+            format_table(
+                [
+                    (
+                        row["metric"],
+                        *(format_value(row[k]) for k in ("value", "min", "max")),
+                        row["unit"],
+                    )
+                    for row in summary
+                ],
+                ("metric", "median", "min", "max", "unit"),
+            )
+        )
+    problems = [f"run {i + 1}: {p}" for i, run in enumerate(runs) for p in run["problems"]]
 
     if not args.no_json:
         path = Path(args.json) if args.json else _default_path(bench.name, started)
@@ -113,24 +151,103 @@ def main(argv: Sequence[str] | None = None) -> int:
             "benchmark": bench.name,
             "summary": bench.summary,
             "timestamp": started.isoformat(timespec="seconds").replace("+00:00", "Z"),
-            "command": " ".join(["python", "-m", "bench", *argv]),
-            "ok": not result.problems,
-            "problems": result.problems,
-            "params": result.params,
-            "results": [
-                {"metric": m.name, "value": m.value, "unit": m.unit} for m in result.metrics
+            "command": shlex.join(["python", "-m", "bench", *argv]),
+            "ok": not problems,
+            "problems": problems,
+            "params": runs[0]["params"],
+            "repeat": args.repeat,
+            # value: the median over the runs (the value itself for one run).
+            "results": summary,
+            "runs": [
+                {
+                    "results": [
+                        {"metric": m.name, "value": m.value, "unit": m.unit} for m in run["metrics"]
+                    ],
+                    **{k: v for k, v in run.items() if k not in ("metrics", "params")},
+                }
+                for run in runs
             ],
-            "process": process,
-            "details": result.details,
             "environment": environment(),
         }
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        text = json.dumps(_finite(record), indent=2, allow_nan=False)
+        path.write_text(text + "\n", encoding="utf-8")
         print(f"written: {_display(path)}")
-    if result.problems:
+    if problems:
         print(f"{bench.name}: FAILED its checks; do not quote these figures", file=sys.stderr)
         return 1
     return 0
+
+
+def run_once(bench: Benchmark, args: argparse.Namespace) -> dict[str, Any]:
+    """One run: wait for (or measure) a quiet machine, run, add process figures."""
+    if args.wait_idle > 0:
+        busy, waited = wait_for_idle(args.wait_idle, IDLE_THRESHOLD)
+    else:
+        busy, waited = busy_cores(0.5), 0.0
+    if busy is not None and busy >= IDLE_THRESHOLD:
+        print(
+            f"warning: other processes kept {busy:.2f} cores busy before the run; "
+            "figures from a busy machine are not comparable",
+            file=sys.stderr,
+        )
+    self_before = resource.getrusage(resource.RUSAGE_SELF)
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall_before = time.perf_counter()
+    result = bench.run(args)
+    wall = time.perf_counter() - wall_before
+    self_after = resource.getrusage(resource.RUSAGE_SELF)
+    children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    process = {
+        "wall_s": wall,
+        "self_cpu_user_s": self_after.ru_utime - self_before.ru_utime,
+        "self_cpu_system_s": self_after.ru_stime - self_before.ru_stime,
+        # ru_maxrss is in KiB on Linux, and a high-water mark over the process's life.
+        "self_max_rss_mib": self_after.ru_maxrss / 1024,
+        "children_cpu_user_s": children_after.ru_utime - children_before.ru_utime,
+        "children_cpu_system_s": children_after.ru_stime - children_before.ru_stime,
+        "children_max_rss_mib": children_after.ru_maxrss / 1024,
+    }
+    return {
+        "metrics": result.metrics + _process_metrics(process),
+        "params": result.params,
+        "problems": result.problems,
+        "process": process,
+        "machine_load": {"busy_cores_before": busy, "waited_for_idle_s": waited},
+        "details": result.details,
+    }
+
+
+def summarize(runs: Sequence[Sequence[Metric]]) -> list[dict[str, Any]]:
+    """Median, min and max of each metric over the runs, in the first run's order."""
+    values: dict[str, list[float]] = {}
+    units: dict[str, str] = {}
+    for metrics in runs:
+        for m in metrics:
+            values.setdefault(m.name, []).append(m.value)
+            units[m.name] = m.unit
+    return [
+        {
+            "metric": name,
+            "value": statistics.median(vs),
+            "min": min(vs),
+            "max": max(vs),
+            "unit": units[name],
+            "runs": len(vs),
+        }
+        for name, vs in values.items()
+    ]
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and infinities replaced by None (JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _process_metrics(process: dict[str, float]) -> list[Metric]:
@@ -153,7 +270,7 @@ def _process_metrics(process: dict[str, float]) -> list[Metric]:
 
 def format_value(value: float | int) -> str:
     """Enough digits to compare runs, no more."""
-    if isinstance(value, bool) or isinstance(value, int):
+    if isinstance(value, int):  # bool too
         return str(int(value))
     magnitude = abs(value)
     if magnitude >= 1000:
@@ -165,16 +282,22 @@ def format_value(value: float | int) -> str:
     return f"{value:.3f}"
 
 
-def format_table(metrics: Sequence[Metric]) -> str:
-    """A plain fixed-width table: metric, value (right-aligned), unit."""
-    rows = [("metric", "value", "unit")] + [
-        (m.name, format_value(m.value), m.unit) for m in metrics
-    ]
-    w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(r[1]) for r in rows)
-    w2 = max(len(r[2]) for r in rows)
-    lines = [f"{a:<{w0}}  {b:>{w1}}  {c}".rstrip() for a, b, c in rows]
-    lines.insert(1, f"{'-' * w0}  {'-' * w1}  {'-' * w2}")
+def format_table(
+    rows: Sequence[Sequence[str]], header: Sequence[str] = ("metric", "value", "unit")
+) -> str:
+    """A plain fixed-width table: the name left-aligned, figures right-aligned, unit last."""
+    table = [tuple(header), *(tuple(r) for r in rows)]
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    last = len(header) - 1
+
+    def line(cells: Sequence[str]) -> str:
+        out = []
+        for i, (cell, width) in enumerate(zip(cells, widths, strict=True)):
+            out.append(f"{cell:<{width}}" if i in (0, last) else f"{cell:>{width}}")
+        return "  ".join(out).rstrip()
+
+    lines = [line(r) for r in table]
+    lines.insert(1, line(["-" * w for w in widths]))
     return "\n".join(lines)
 
 

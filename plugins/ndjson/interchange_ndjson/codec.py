@@ -362,9 +362,12 @@ def _to_object(event: Event) -> dict[str, Any]:
     return out
 
 
+#: Built once: ``json.dumps`` with non-default arguments builds an encoder per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def _dump_compact(value: Any) -> bytes:
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return text.encode("utf-8")
+    return _ENCODER.encode(value).encode("utf-8")
 
 
 def _dump(obj: dict[str, Any]) -> bytes:

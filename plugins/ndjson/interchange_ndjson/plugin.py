@@ -160,7 +160,8 @@ class _ServerSession:
         elif isinstance(event, Ack):
             sub, tag = self._delivery(event.tag)
             sub.ack(tag)
-            self._progress.unpark_all()
+            if self._progress:
+                self._progress.unpark_all()
         elif isinstance(event, Nack):
             sub, tag = self._delivery(event.tag)
             if event.requeue:
@@ -172,7 +173,8 @@ class _ServerSession:
                     outcome=Outcome.REJECTED,
                     reason=f"rejected by subscriber {self.conn.info.peer}",
                 )
-            self._progress.unpark_all()
+            if self._progress:
+                self._progress.unpark_all()
         elif isinstance(event, Subscribe):
             self._subscribe(event)
         elif isinstance(event, Credit):
@@ -217,7 +219,8 @@ class _ServerSession:
 
     def _settled(self, _: Receipt | None) -> None:
         self.inflight -= 1
-        self._progress.unpark_all()
+        if self._progress:
+            self._progress.unpark_all()
 
     def _subscribe(self, event: Subscribe) -> None:
         if self.conn.shutdown.is_set():
