@@ -8,12 +8,16 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from . import __version__
 from .config import Config, ConfigError, default_config, load
 from .registry import default_registry
+
+if TYPE_CHECKING:
+    from .runtime import Gateway
 
 log = logging.getLogger("gateway")
 
@@ -66,15 +70,16 @@ async def _run(config: Config) -> None:
         nursery.cancel_scope.cancel()
 
 
-async def _watch_signals(gateway: object, scope: trio.CancelScope) -> None:
+async def _watch_signals(gateway: Gateway, scope: trio.CancelScope) -> None:
+    """First SIGINT/SIGTERM: drain and stop. A second one: stop now."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
-            if getattr(gateway, "draining").is_set():  # noqa: B009
+            if gateway.draining.is_set():
                 log.warning("second %s: stopping now", signal.Signals(signum).name)
                 scope.cancel()
                 return
             log.info("%s received", signal.Signals(signum).name)
-            gateway.shutdown()  # type: ignore[attr-defined]
+            gateway.shutdown()
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .hub import HubLimits
-from .plugin import ListenerSettings, Option, UpstreamSettings
+from .plugin import ListenerSettings, Option, ProtocolPlugin, UpstreamSettings
 from .registry import Registry, default_registry
 from .routing import UPSTREAM_PREFIX, Route, RouteError, Router
 from .transports.base import TlsClientSettings, TlsServerSettings
@@ -295,23 +295,31 @@ def _check_address(registry: Registry) -> Callable[[str], None]:
     return check
 
 
+def _protocol(t: _Table, registry: Registry, role: str) -> tuple[str | None, ProtocolPlugin | None]:
+    """The ``protocol`` key: its name, and the plugin if it is loaded and has ``role``."""
+    protocol_name = t.get("protocol", "str")
+    if protocol_name is None:
+        return None, None
+    try:
+        plugin = registry.protocol(protocol_name)
+    except LookupError as e:
+        t.errors.add(t.key("protocol"), str(e))
+        return protocol_name, None
+    if role not in plugin.roles:
+        t.errors.add(t.key("protocol"), f"protocol {protocol_name!r} has no {role} role")
+        return protocol_name, None
+    return protocol_name, plugin
+
+
 def _listener(t: _Table, base: Path, registry: Registry) -> ListenerSettings | None:
     if not t.ok:
         return None
     name = t.get("name", "str", check=_check_name)
-    protocol_name = t.get("protocol", "str")
-    plugin = None
-    if protocol_name is not None:
-        try:
-            plugin = registry.protocol(protocol_name)
-            if "server" not in plugin.roles:
-                raise LookupError(f"protocol {protocol_name!r} has no server role")
-        except LookupError as e:
-            t.errors.add(t.key("protocol"), str(e))
+    protocol_name, plugin = _protocol(t, registry, "server")
     bind = t.get("bind", "str", check=_check_address(registry))
     settings = ListenerSettings(
         name=name,
-        protocol=protocol_name,
+        protocol=protocol_name or "",
         bind=bind,
         destination=t.get("destination", "str", name or ""),
         max_connections=t.get("max_connections", "int", 1024, minimum=1),
@@ -345,15 +353,7 @@ def _upstream(t: _Table, base: Path, registry: Registry) -> UpstreamSettings | N
     if not t.ok:
         return None
     name = t.get("name", "str", check=_check_name)
-    protocol_name = t.get("protocol", "str")
-    plugin = None
-    if protocol_name is not None:
-        try:
-            plugin = registry.protocol(protocol_name)
-            if "client" not in plugin.roles:
-                raise LookupError(f"protocol {protocol_name!r} has no client role")
-        except LookupError as e:
-            t.errors.add(t.key("protocol"), str(e))
+    protocol_name, plugin = _protocol(t, registry, "client")
     check = _check_address(registry)
 
     def check_all(addresses: list[str]) -> None:
@@ -364,7 +364,7 @@ def _upstream(t: _Table, base: Path, registry: Registry) -> UpstreamSettings | N
 
     settings = UpstreamSettings(
         name=name,
-        protocol=protocol_name,
+        protocol=protocol_name or "",
         connect=t.get("connect", "str_or_list", check=check_all),
         connect_timeout=t.get("connect_timeout", "duration", 10.0),
         handshake_timeout=t.get("handshake_timeout", "duration", 10.0),

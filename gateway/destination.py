@@ -10,7 +10,6 @@ group that got a copy acked it, a durable stream when the copy is on disk.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -125,8 +124,3 @@ class DestinationProvider(Protocol):
 
     def open(self, name: str) -> Destination | None:
         """Return the destination for ``name``, or None to let the hub use a topic."""
-
-
-def batch_size(messages: Sequence[Message]) -> int:
-    """Total buffer charge of ``messages``."""
-    return sum(m.size for m in messages)

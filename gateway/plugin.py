@@ -39,7 +39,7 @@ Role = Literal["server", "client"]
 OptionKind = Literal["str", "int", "float", "bool", "duration", "size", "str_list"]
 
 
-class PrefixLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+class PrefixLogger(logging.LoggerAdapter):
     """Prefixes every record with where it happened (listener and peer address)."""
 
     def __init__(self, logger: logging.Logger, prefix: str) -> None:

@@ -314,7 +314,7 @@ async def _idle_watchdog(conn: ServerConnection, scope: trio.CancelScope) -> Non
         await trio.sleep_until(deadline)
 
 
-def _first(eg: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
+def _first(eg: BaseExceptionGroup) -> BaseException:
     """The first leaf exception of a group, for a one-line log."""
     exc: BaseException = eg
     while isinstance(exc, BaseExceptionGroup):

@@ -14,6 +14,7 @@ upstream's queue and are sent again after reconnecting (at least once).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any
 
@@ -140,7 +141,7 @@ class _ServerSession:
                 except RemoteProtocolError as e:
                     await self._protocol_error(str(e))
                     return
-                if event is NEED_DATA:
+                if not isinstance(event, Event):  # NEED_DATA
                     break
                 if isinstance(event, ConnectionClosed):
                     return
@@ -180,9 +181,8 @@ class _ServerSession:
         elif isinstance(event, Credit):
             self._sub(event.destination).grant(event.n)
         elif isinstance(event, Unsubscribe):
-            sub, scope = self.subs.pop(event.destination, (None, None))
-            if sub is None or scope is None:
-                raise RemoteProtocolError(f"not subscribed to {event.destination!r}")
+            sub = self._sub(event.destination)
+            _, scope = self.subs.pop(event.destination)
             scope.cancel()
             sub.close()
             self.tags = {t: v for t, v in self.tags.items() if v[0] is not sub}
@@ -210,7 +210,7 @@ class _ServerSession:
         except BaseException:
             self._settled(None)
             raise
-        receipt.add_done_callback(lambda r, ident=event.id: self._answer(ident, r))
+        receipt.add_done_callback(functools.partial(self._answer, event.id))
 
     def _answer(self, ident: Any, receipt: Receipt) -> None:
         assert receipt.outcome is not None
