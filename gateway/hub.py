@@ -109,29 +109,35 @@ class Hub:
         receipt = Receipt()
         self._inflight += 1
         receipt.add_done_callback(self._settled)
-        targets_of = self.router.targets
         try:
+            # Runs of messages for one destination are routed and put together.
+            run: list[Message] = []
             for message in messages:
-                for name in targets_of(message.destination):
-                    copy = message
-                    if name != message.destination and not name.startswith(UPSTREAM_PREFIX):
-                        copy = dataclasses.replace(message, destination=name)
-                    try:
-                        dest = self.destination(name)
-                    except LookupError as e:
-                        receipt.add_legs()
-                        receipt.settle_leg(Outcome.REJECTED, str(e))
-                        continue
-                    problem = dest.check(copy)
-                    if problem is not None:
-                        receipt.add_legs()
-                        receipt.settle_leg(Outcome.REJECTED, problem)
-                        continue
-                    await dest.put(copy, receipt)
+                if run and message.destination != run[0].destination:
+                    await self._route(run, receipt)
+                    run = []
+                run.append(message)
+            if run:
+                await self._route(run, receipt)
         finally:
             # Legs already handed out still settle; the receipt settles after them.
             receipt.seal()
         return receipt
+
+    async def _route(self, run: list[Message], receipt: Receipt) -> None:
+        """Put ``run`` (messages for one destination) into each of its targets."""
+        name = run[0].destination
+        for target in self.router.targets(name):
+            copies = run
+            if target != name and not target.startswith(UPSTREAM_PREFIX):
+                copies = [m._replace(destination=target) for m in run]
+            try:
+                dest = self.destination(target)
+            except LookupError as e:
+                receipt.add_legs(len(copies))
+                receipt.settle_legs(len(copies), Outcome.REJECTED, str(e))
+                continue
+            await dest.put_many(copies, receipt)
 
     def _settled(self, _: Receipt) -> None:
         self._inflight -= 1

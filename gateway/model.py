@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import NamedTuple
 
 __all__ = ["Message", "Outcome", "PeerIdentity", "Source"]
 
@@ -53,17 +55,20 @@ class Source:
     received_at: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+_NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+
+
+class Message(NamedTuple):
     """One message: a destination, opaque body bytes and string headers.
 
-    ``headers`` must be treated as read-only once the message is published
-    (it is shared by every copy a fan-out makes).
+    Immutable (a named tuple: cheap to create, which matters at hundreds of
+    thousands of messages a second). ``headers`` must be treated as read-only
+    once published: every copy a fan-out makes shares it.
     """
 
     destination: str
     body: bytes
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = _NO_HEADERS
     content_type: str | None = None
     source: Source | None = None
 
@@ -71,8 +76,9 @@ class Message:
     def size(self) -> int:
         """Bytes this message is charged in bounded buffers."""
         n = len(self.body) + MESSAGE_OVERHEAD
-        for key, value in self.headers.items():
-            n += len(key) + len(value)
+        if self.headers:
+            for key, value in self.headers.items():
+                n += len(key) + len(value)
         return n
 
 

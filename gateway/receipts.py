@@ -59,6 +59,17 @@ class Receipt:
         if self._pending == 0 and self._sealed:
             self._finish()
 
+    def settle_legs(self, n: int, outcome: Outcome | None, reason: str = "") -> None:
+        """Settle ``n`` legs at once with the same outcome."""
+        if n <= 0:
+            return
+        if outcome is not None and outcome > self._worst:
+            self._worst = outcome
+            self.reason = reason
+        self._pending -= n
+        if self._pending == 0 and self._sealed:
+            self._finish()
+
     def seal(self) -> None:
         """No more legs will be added: settle as soon as the pending ones have."""
         self._sealed = True

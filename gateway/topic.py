@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Iterable, Sequence
 
 import trio
 
@@ -31,6 +32,9 @@ from .receipts import Receipt
 __all__ = ["Topic", "TopicLimits"]
 
 _anonymous_ids = itertools.count(1)
+#: The fan-out of a copy that was its message's only one; shared, as it is never
+#: decremented (only counts above 1 are).
+_ONLY_COPY = [1]
 
 
 class TopicLimits:
@@ -127,6 +131,50 @@ class Topic(Destination):
         fanout = [len(groups)]
         for g in groups:
             g.push(_Copy(message, receipt, size, self._seq, fanout))
+
+    async def put_many(self, messages: Sequence[Message], receipt: Receipt) -> None:
+        """All of ``messages`` at once when every group has room for them, else one by one."""
+        limits = self.limits
+        sizes = [m.size for m in messages]
+        total = sum(sizes)
+        n = len(messages)
+        groups = self._targets()
+        if (
+            self._closed
+            or total > limits.max_bytes
+            or not all(
+                g.used_count + n <= limits.max_messages and g.used_bytes + total <= limits.max_bytes
+                for g in groups
+            )
+        ):
+            # Too big to take whole now: per message, waiting for room (and
+            # rejecting what can never fit) exactly as single publishes do.
+            await super().put_many(messages, receipt)
+            return
+        receipt.add_legs(n * len(groups))
+        seq = self._seq
+        self._seq += n
+        if len(groups) == 1:
+            g = groups[0]
+            g.queue.extend(
+                _Copy(m, receipt, size, seq + i, _ONLY_COPY)
+                for i, (m, size) in enumerate(zip(messages, sizes, strict=True), 1)
+            )
+            g.used_bytes += total
+            g.used_count += n
+            if g.waiters:
+                g.waiters.unpark_all()
+            return
+        fanouts = [[len(groups)] for _ in range(n)]
+        for g in groups:
+            g.queue.extend(
+                _Copy(m, receipt, size, seq + i, fanout)
+                for i, (m, size, fanout) in enumerate(zip(messages, sizes, fanouts, strict=True), 1)
+            )
+            g.used_bytes += total
+            g.used_count += n
+            if g.waiters:
+                g.waiters.unpark_all()
 
     # -- subscribing ----------------------------------------------------------
     def declare_group(self, group: str) -> None:
@@ -282,18 +330,24 @@ class TopicSubscription(Subscription):
             await g.waiters.park()
 
     def _take(self, n: int) -> list[Delivery]:
-        g = self._group
+        queue = self._group.queue
+        unacked = self._unacked
+        tags = self._tags
         out: list[Delivery] = []
+        append = out.append
         limit = self._max_unacked_bytes
-        while g.queue and len(out) < n:
-            copy = g.queue[0]
-            if limit is not None and self._unacked and self._unacked_bytes + copy.size > limit:
+        held = self._unacked_bytes
+        n = min(n, len(queue))
+        while len(out) < n:
+            copy = queue[0]
+            if limit is not None and unacked and held + copy.size > limit:
                 break
-            g.queue.popleft()
-            tag = next(self._tags)
-            self._unacked[tag] = copy
-            self._unacked_bytes += copy.size
-            out.append(Delivery(tag, copy.message, copy.redelivered))
+            queue.popleft()
+            tag = next(tags)
+            unacked[tag] = copy
+            held += copy.size
+            append(Delivery(tag, copy.message, copy.redelivered))
+        self._unacked_bytes = held
         if self._credit is not None:
             self._credit -= len(out)
         return out
@@ -313,6 +367,38 @@ class TopicSubscription(Subscription):
         copy = self._settle(tag)
         self._topic._release(self._group, copy)
         copy.receipt.settle_leg(Outcome.DELIVERED)
+
+    def ack_many(self, tags: Iterable[int]) -> None:
+        unacked = self._unacked
+        g = self._group
+        freed_bytes = freed = 0
+        run_receipt: Receipt | None = None
+        run = 0
+        try:
+            for tag in tags:
+                try:
+                    copy = unacked.pop(tag)
+                except KeyError:
+                    raise KeyError(f"unknown or already settled delivery tag {tag}") from None
+                freed_bytes += copy.size
+                freed += 1
+                # Consecutive copies of one publish settle together.
+                if copy.receipt is not run_receipt:
+                    if run_receipt is not None:
+                        run_receipt.settle_legs(run, Outcome.DELIVERED)
+                    run_receipt, run = copy.receipt, 0
+                run += 1
+        finally:
+            if run_receipt is not None:
+                run_receipt.settle_legs(run, Outcome.DELIVERED)
+            self._unacked_bytes -= freed_bytes
+            g.used_bytes -= freed_bytes
+            g.used_count -= freed
+            if freed:
+                if g.waiters:
+                    g.waiters.unpark_all()
+                if self._topic._space:
+                    self._topic._space.unpark_all()
 
     def nack(
         self,

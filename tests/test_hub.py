@@ -1144,3 +1144,43 @@ def test_scenario_harness_smoke() -> None:
             ("ack", 0, 0),
         ]
     )
+
+
+async def test_ack_many_settles_a_batch_and_frees_its_space() -> None:
+    """Acking a window's deliveries in one call is the same as acking each."""
+    hub = Hub(limits=HubLimits(buffer_messages=10))
+    sub = hub.subscribe("t", max_unacked=100)
+    receipt = await hub.publish([Message("t", b"%d" % i) for i in range(10)])
+    got = await sub.receive()
+    assert len(got) == 10
+    sub.ack_many([d.tag for d in got[:4]])
+    assert not receipt.done()
+    # Four slots are free again: a publisher of four more does not wait.
+    with trio.fail_after(1):
+        second = await hub.publish([Message("t", b"x")] * 4)
+    sub.ack_many(d.tag for d in got[4:])
+    assert receipt.outcome is Outcome.DELIVERED
+    with pytest.raises(KeyError):
+        sub.ack_many([got[0].tag])
+    assert not second.done()
+
+
+async def test_batch_publish_waits_per_message_when_the_batch_does_not_fit() -> None:
+    hub = Hub(limits=HubLimits(buffer_messages=3))
+    sub = hub.subscribe("t", max_unacked=100)
+    published = trio.Event()
+
+    async def publisher() -> None:
+        await hub.publish([Message("t", b"%d" % i) for i in range(5)])
+        published.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(publisher)
+        await trio.testing.wait_all_tasks_blocked()
+        first = await sub.receive()
+        assert [d.message.body for d in first] == [b"0", b"1", b"2"]
+        assert not published.is_set()
+        sub.ack_many(d.tag for d in first)
+        rest = await sub.receive()
+        assert [d.message.body for d in rest] == [b"3", b"4"]
+        await published.wait()
