@@ -64,6 +64,11 @@ class Subscription(ABC):
     def ack(self, tag: int) -> None:
         """The delivery is safe at the subscriber: settle its leg as delivered."""
 
+    def ack_many(self, tags: Iterable[int]) -> None:
+        """Ack several deliveries (one call per window instead of one per event)."""
+        for tag in tags:
+            self.ack(tag)
+
     @abstractmethod
     def nack(
         self, tag: int, *, requeue: bool = True, outcome: Outcome = Outcome.FAILED, reason: str = ""
