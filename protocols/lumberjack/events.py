@@ -1,0 +1,58 @@
+"""The Lumberjack codec's events, as frozen data.
+
+A server codec turns the frames a Beats-style writer sends into whole
+:class:`Window` events (one per acknowledgeable window, never one per data
+frame, so the per-event cost stays at one tuple) and answers them with
+:class:`Ack`. A client codec turns the reader's ``A`` frames into :class:`Ack`
+events. :class:`ConnectionClosed` marks the end of input on either side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Ack", "ConnectionClosed", "Event", "Window"]
+
+
+class Event:
+    """Base of every Lumberjack event; never instantiated itself."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Window(Event):
+    """One window of data frames, as the writer announced it with ``W``.
+
+    Answer it with ``Ack(window.version, window.highest_seq)`` once its events
+    are safely handed off. A window that ends early (the input ended) is never
+    emitted.
+    """
+
+    #: 1 or 2: the version byte of the window's ``W`` frame (or of the first
+    #: data frame, for a sticky v1 window that had no ``W`` of its own).
+    version: int
+    #: The announced window size (for a sticky window, the last ``W``'s size).
+    size: int
+    #: ``(seq, payload)`` in wire order: the JSON bytes of a ``J`` frame (not
+    #: parsed), or the key/value dict of a ``D`` frame.
+    events: list[tuple[int, bytes | dict[str, str]]]
+    #: The largest sequence number in ``events``; 0 for an empty window.
+    highest_seq: int
+    #: False when a new ``W`` arrived before ``size`` events (a partial window,
+    #: acked like any other).
+    complete: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Ack(Event):
+    """An ``A`` frame: every event up to and including ``seq`` is acknowledged."""
+
+    #: 1 or 2: must be the version of the window it answers.
+    version: int
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionClosed(Event):
+    """The peer closed its side; no event follows (a partial window was dropped)."""

@@ -1,0 +1,160 @@
+"""Lumberjack v2 (and v1) as a gateway protocol, in both roles.
+
+Listener: a Beats-compatible server. Each window becomes one hub publish; its
+ack (the window's highest sequence) goes out only when the receipt settled as
+delivered (DECISIONS §1). Upstream: a Logstash-compatible client sending what
+is routed to ``upstream:NAME`` as windows, acking the hub per covered event.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from gateway.errors import RemoteProtocolError
+from gateway.plugin import Option, ProtocolPlugin, ServerConnection, UpstreamContext
+from gateway.receipts import Receipt
+
+from . import Limits, Window
+from .client import ClientSettings, forward
+from .mapping import enrichment, to_messages
+from .server import ServerSettings, serve_connection
+
+__all__ = ["LumberjackPlugin", "plugin"]
+
+_DEFAULT_LIMITS = Limits()
+
+
+class LumberjackPlugin(ProtocolPlugin):
+    """Beats ⇄ Logstash: windows of JSON events, acked by highest sequence."""
+
+    name = "lumberjack"
+    roles = frozenset({"server", "client"})
+    default_port = 5044
+    summary = "Lumberjack v1/v2 (Beats, Logstash): windows acked once safe"
+    listener_options = {
+        "destination_field": Option(
+            "str", "", "dotted event field naming the destination (e.g. fields.topic)"
+        ),
+        "validate_json": Option(
+            "bool", True, "refuse (close, never ack) windows whose events are not JSON objects"
+        ),
+        "enrich": Option(
+            "str",
+            "none",
+            "add lumberjack.peer and TLS subject/fingerprint headers to each event",
+            choices=("none", "headers"),
+        ),
+        "max_window": Option("int", _DEFAULT_LIMITS.max_window, "events per window", 1),
+        "max_frame": Option("size", _DEFAULT_LIMITS.max_frame, "bytes per frame", 1024),
+        "max_inflated": Option(
+            "size", _DEFAULT_LIMITS.max_inflated, "inflated bytes per compressed frame", 1024
+        ),
+        "max_ratio": Option(
+            "int", _DEFAULT_LIMITS.max_ratio, "inflated/compressed size ratio per frame", 1
+        ),
+        "keepalive": Option("duration", 5.0, "keepalive ack interval while a window waits", 0.01),
+        "window_timeout": Option(
+            "duration", 30.0, "time for the rest of a started window to arrive (0: none)"
+        ),
+        "max_pending_windows": Option("int", 4, "unacked windows before reading pauses", 1),
+    }
+    upstream_options = {
+        "bulk_max_size": Option("int", 2048, "events per window", 1),
+        "pipelining": Option("int", 2, "windows in flight", 1),
+        "compression_level": Option("int", 3, "zlib level 0-9 (0: uncompressed)", 0),
+        "timeout": Option("duration", 30.0, "read timeout, reset by any ack", 0.01),
+        "stall_timeout": Option(
+            "duration", 300.0, "fail over when only keepalives arrive for this long", 0.01
+        ),
+        "ttl": Option("duration", 0.0, "reconnect after this long (0: never)"),
+    }
+
+    def default_listener(self) -> dict[str, Any]:
+        return {"destination": "logs"}
+
+    async def serve(self, conn: ServerConnection) -> None:
+        o = conn.options
+        settings = ServerSettings(
+            limits=Limits(
+                max_window=o["max_window"],
+                max_frame=o["max_frame"],
+                max_inflated=o["max_inflated"],
+                max_ratio=o["max_ratio"],
+            ),
+            keepalive=o["keepalive"],
+            max_pending_windows=o["max_pending_windows"],
+            window_timeout=o["window_timeout"],
+        )
+        field = o["destination_field"]
+        validate = o["validate_json"]
+        enrich = o["enrich"] == "headers"
+        destination = conn.listener.destination
+        hub = conn.hub
+        pending = 0
+
+        async def sink(window: Window) -> Receipt:
+            nonlocal pending
+            source = conn.source()
+            messages = to_messages(
+                window.events,
+                source,
+                destination,
+                destination_field=field,
+                validate=validate,
+                extra_headers=enrichment(source) if enrich else None,
+            )
+            pending += 1
+            receipt = await hub.publish(messages)
+            receipt.add_done_callback(_settled)
+            return receipt
+
+        def _settled(_: Receipt) -> None:
+            nonlocal pending
+            pending -= 1
+
+        conn.pending = lambda: pending > 0
+        await serve_connection(conn.stream, sink, settings, logger=conn.log)
+
+    async def run_upstream(self, ctx: UpstreamContext) -> None:
+        o = ctx.options
+        level = o["compression_level"]
+        if level > 9:
+            raise ValueError(f"compression_level must be 0..9, got {level}")
+        settings = ClientSettings(
+            bulk_max_size=o["bulk_max_size"],
+            pipelining=o["pipelining"],
+            compression_level=level,
+            timeout=o["timeout"],
+            stall_timeout=o["stall_timeout"],
+            ttl=o["ttl"],
+        )
+        while True:
+            try:
+                stream, info = await ctx.connect()
+            except OSError as e:
+                delay = ctx.backoff.next_delay()
+                ctx.log.warning("cannot connect (%s); retrying in %gs", e, delay)
+                await trio.sleep(delay)
+                continue
+            ctx.backoff.reset()
+            ctx.log.info("connected to %s", info.peer)
+            try:
+                with ctx.subscribe(max_unacked=settings.bulk_max_size * settings.pipelining) as sub:
+                    async with stream:
+                        acked = await forward(stream, sub, settings, logger=ctx.log)
+                ctx.log.info("closed after its TTL (%d events acked); reconnecting", acked)
+                continue
+            except* (
+                OSError,
+                trio.BrokenResourceError,
+                trio.TooSlowError,
+                RemoteProtocolError,
+            ) as eg:
+                ctx.log.warning("connection to %s lost: %s", info.peer, eg.exceptions[0])
+            await ctx.backoff.sleep()
+
+
+#: The object the entry point names.
+plugin = LumberjackPlugin()

@@ -1,0 +1,194 @@
+"""The server role of Lumberjack over a trio stream: windows in, acks out.
+
+One reader task feeds the sans-IO :class:`ServerCodec` and hands each
+complete window to a *sink*, which returns a :class:`~gateway.receipts.Receipt`
+(the gateway's sink publishes to the hub; the library server's sink waits for
+the application). One acker task answers windows strictly in order: a window
+is acked with its highest sequence number only once its receipt has settled
+as delivered. While the oldest window waits, the acker sends a keepalive
+``A`` with the last acked sequence every ``keepalive`` seconds, in that
+window's version, so clients' 30 s read timeouts do not fire under
+backpressure. A window whose receipt fails, or that never arrived whole, is
+never acked: the connection is closed and the client resends it.
+
+Backpressure: the reader stops reading while ``max_pending_windows`` windows
+are unacked, or while the sink is waiting (the hub is full). Keepalives go on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from gateway.errors import RemoteProtocolError
+from gateway.model import Outcome
+from gateway.receipts import Receipt
+
+from . import NEED_DATA, Ack, ConnectionClosed, Limits, ServerCodec, Window
+
+__all__ = ["ServerSettings", "WindowSink", "serve_connection"]
+
+log = logging.getLogger(__name__)
+
+#: Hands a window off; returns the receipt that says when it is safe.
+WindowSink = Callable[[Window], Awaitable[Receipt]]
+RECEIVE_SIZE = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    limits: Limits = field(default_factory=Limits)
+    #: Seconds between keepalive acks while the oldest window waits (DECISIONS §1: 5 s).
+    keepalive: float = 5.0
+    #: Windows read and not yet acked before reading pauses.
+    max_pending_windows: int = 4
+    #: Once a window has started, the rest of it must arrive within this (0: no limit).
+    window_timeout: float = 30.0
+    #: An ack that cannot be written within this closes the connection.
+    write_timeout: float = 30.0
+
+
+class _Pending:
+    """A window between hand-off and ack."""
+
+    __slots__ = ("receipt", "window")
+
+    def __init__(self, window: Window) -> None:
+        self.window = window
+        self.receipt: Receipt | None = None
+
+
+class _Session:
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        sink: WindowSink,
+        settings: ServerSettings,
+        logger: logging.Logger | logging.LoggerAdapter,
+    ) -> None:
+        self.stream = stream
+        self.sink = sink
+        self.settings = settings
+        self.log = logger
+        self.codec = ServerCodec(settings.limits)
+        self.pending: deque[_Pending] = deque()
+        self.last_acked = 0
+        #: Woken when a window is queued, handed off or settled, or one is acked.
+        self.changed = trio.lowlevel.ParkingLot()
+        self.finished_reading = False
+
+    def wake(self, *_: object) -> None:
+        if self.changed:
+            self.changed.unpark_all()
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.ack_loop)
+            await self.read_loop()
+            # The client closed its side: ack what is in flight, then end.
+            self.finished_reading = True
+            self.wake()
+
+    # -- reading ------------------------------------------------------------------
+    async def read_loop(self) -> None:
+        codec = self.codec
+        window_timer = trio.CancelScope()
+        while True:
+            while len(self.pending) >= self.settings.max_pending_windows:
+                await self.changed.park()
+            with window_timer:
+                data = await self.stream.receive_some(RECEIVE_SIZE)
+            if window_timer.cancelled_caught:
+                raise trio.TooSlowError(
+                    f"a window took longer than {self.settings.window_timeout:g}s to arrive"
+                )
+            codec.receive_data(data)
+            while True:
+                event = codec.next_event()  # RemoteProtocolError closes the connection
+                if event is NEED_DATA:
+                    break
+                if isinstance(event, ConnectionClosed):
+                    return
+                assert isinstance(event, Window)
+                await self.hand_off(event)
+            window_timer = self._window_timer()
+
+    def _window_timer(self) -> trio.CancelScope:
+        """A deadline while a window is partly received; none between windows."""
+        timeout = self.settings.window_timeout
+        if timeout and self.codec.in_window:
+            return trio.CancelScope(deadline=trio.current_time() + timeout)
+        return trio.CancelScope()
+
+    async def hand_off(self, window: Window) -> None:
+        item = _Pending(window)
+        # Queued before the hand-off so that keepalives flow while the sink waits.
+        self.pending.append(item)
+        self.wake()
+        item.receipt = await self.sink(window)
+        item.receipt.add_done_callback(self.wake)
+        self.wake()
+
+    # -- acking -------------------------------------------------------------------
+    async def ack_loop(self) -> None:
+        keepalive = self.settings.keepalive
+        while True:
+            if not self.pending:
+                if self.finished_reading:
+                    return
+                await self.changed.park()
+                continue
+            head = self.pending[0]
+            receipt = head.receipt
+            if receipt is not None and receipt.done():
+                self.pending.popleft()
+                self.wake()
+                if receipt.outcome is not Outcome.DELIVERED:
+                    raise _NotAccepted(head.window, receipt)
+                self.last_acked = head.window.highest_seq
+                await self.send(Ack(head.window.version, head.window.highest_seq))
+                continue
+            with trio.move_on_after(keepalive) as scope:
+                await self.changed.park()
+            if scope.cancelled_caught:
+                await self.send(Ack(head.window.version, self.last_acked))
+
+    async def send(self, ack: Ack) -> None:
+        with trio.fail_after(self.settings.write_timeout):
+            await self.stream.send_all(self.codec.send(ack))
+
+
+class _NotAccepted(Exception):
+    def __init__(self, window: Window, receipt: Receipt) -> None:
+        outcome = receipt.outcome.name.lower() if receipt.outcome is not None else "unsettled"
+        super().__init__(
+            f"window of {len(window.events)} events (highest seq {window.highest_seq}) was "
+            f"{outcome}{': ' + receipt.reason if receipt.reason else ''}; closing without ack"
+        )
+
+
+async def serve_connection(
+    stream: trio.abc.Stream,
+    sink: WindowSink,
+    settings: ServerSettings | None = None,
+    *,
+    logger: logging.Logger | logging.LoggerAdapter | None = None,
+) -> None:
+    """Serve one Lumberjack connection until the client closes it or breaks the protocol.
+
+    Protocol errors, refused windows and timeouts are logged and end the
+    connection (the caller closes the stream); nothing unsafe is ever acked.
+    """
+    logger = logger or log
+    try:
+        await _Session(stream, sink, settings or ServerSettings(), logger).run()
+    except* RemoteProtocolError as eg:
+        logger.warning("protocol error: %s; closing", eg.exceptions[0])
+    except* _NotAccepted as eg:
+        logger.warning("%s", eg.exceptions[0])
+    except* trio.TooSlowError as eg:
+        logger.warning("%s; closing", eg.exceptions[0] or "ack write timed out")
