@@ -88,6 +88,7 @@ def test_default_config_runs_every_protocol_on_its_port(tmp_path: Path) -> None:
     proc, listeners = start(cwd=tmp_path)
     try:
         assert listeners["ndjson"] == ("127.0.0.1", 7070)
+        assert listeners["lumberjack"] == ("127.0.0.1", 5044)
         _msg, ack = roundtrip(listeners["ndjson"])
         assert ack["status"] == "delivered"
     finally:
