@@ -6,8 +6,8 @@ complete window to a *sink*, which returns a :class:`~gateway.receipts.Receipt`
 the application). One acker task answers windows strictly in order: a window
 is acked with its highest sequence number only once its receipt has settled
 as delivered. While the oldest window waits, the acker sends a keepalive
-``A`` with the last acked sequence every ``keepalive`` seconds, in that
-window's version, so clients' 30 s read timeouts do not fire under
+``A 0`` (nothing of this window acked yet) every ``keepalive`` seconds, in
+that window's version, so clients' 30 s read timeouts do not fire under
 backpressure. A window whose receipt fails, or that never arrived whole, is
 never acked: the connection is closed and the client resends it.
 
@@ -76,7 +76,6 @@ class _Session:
         self.log = logger
         self.codec = ServerCodec(settings.limits)
         self.pending: deque[_Pending] = deque()
-        self.last_acked = 0
         #: Woken when a window is queued, handed off or settled, or one is acked.
         self.changed = trio.lowlevel.ParkingLot()
         self.finished_reading = False
@@ -136,11 +135,15 @@ class _Session:
     # -- acking -------------------------------------------------------------------
     async def ack_loop(self) -> None:
         keepalive = self.settings.keepalive
+        # When the last frame went out; keepalives are due ``keepalive`` after it,
+        # however often other windows come and go meanwhile.
+        last_sent = trio.current_time()
         while True:
             if not self.pending:
                 if self.finished_reading:
                     return
                 await self.changed.park()
+                last_sent = trio.current_time()
                 continue
             head = self.pending[0]
             receipt = head.receipt
@@ -149,13 +152,18 @@ class _Session:
                 self.wake()
                 if receipt.outcome is not Outcome.DELIVERED:
                     raise _NotAccepted(head.window, receipt)
-                self.last_acked = head.window.highest_seq
                 await self.send(Ack(head.window.version, head.window.highest_seq))
+                last_sent = trio.current_time()
                 continue
-            with trio.move_on_after(keepalive) as scope:
+            with trio.move_on_at(last_sent + keepalive) as scope:
                 await self.changed.park()
             if scope.cancelled_caught:
-                await self.send(Ack(head.window.version, self.last_acked))
+                # The last sequence acked *in the waiting window*: always 0, as
+                # windows are acked whole. Repeating the previous window's highest
+                # sequence would read, to a client whose sequences restart at 1
+                # (Beats), as an ack of this window before it is safe.
+                await self.send(Ack(head.window.version, 0))
+                last_sent = trio.current_time()
 
     async def send(self, ack: Ack) -> None:
         with trio.fail_after(self.settings.write_timeout):
