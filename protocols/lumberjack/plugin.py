@@ -115,7 +115,7 @@ class LumberjackPlugin(ProtocolPlugin):
             pending -= 1
 
         conn.pending = lambda: pending > 0
-        await serve_connection(conn.stream, sink, settings, logger=conn.log)
+        await serve_connection(conn.stream, sink, settings, logger=conn.log, shutdown=conn.shutdown)
 
     async def run_upstream(self, ctx: UpstreamContext) -> None:
         o = ctx.options

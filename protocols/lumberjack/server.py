@@ -84,11 +84,15 @@ class _Session:
         if self.changed:
             self.changed.unpark_all()
 
-    async def run(self) -> None:
+    async def run(self, shutdown: trio.Event | None) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.ack_loop)
-            await self.read_loop()
-            # The client closed its side: ack what is in flight, then end.
+            with trio.CancelScope() as reading:
+                if shutdown is not None:
+                    nursery.start_soon(_cancel_when_set, shutdown, reading)
+                await self.read_loop()
+            # The client closed its side, or the gateway is draining: ack what is
+            # in flight (a half-read window is dropped, unacked), then end.
             self.finished_reading = True
             self.wake()
 
@@ -170,6 +174,11 @@ class _Session:
             await self.stream.send_all(self.codec.send(ack))
 
 
+async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
 class _NotAccepted(Exception):
     def __init__(self, window: Window, receipt: Receipt) -> None:
         outcome = receipt.outcome.name.lower() if receipt.outcome is not None else "unsettled"
@@ -185,15 +194,18 @@ async def serve_connection(
     settings: ServerSettings | None = None,
     *,
     logger: logging.Logger | logging.LoggerAdapter | None = None,
+    shutdown: trio.Event | None = None,
 ) -> None:
     """Serve one Lumberjack connection until the client closes it or breaks the protocol.
 
+    Once ``shutdown`` is set, no more windows are read and the call returns as
+    soon as the windows already handed off are acked (or the caller cancels).
     Protocol errors, refused windows and timeouts are logged and end the
     connection (the caller closes the stream); nothing unsafe is ever acked.
     """
     logger = logger or log
     try:
-        await _Session(stream, sink, settings or ServerSettings(), logger).run()
+        await _Session(stream, sink, settings or ServerSettings(), logger).run(shutdown)
     except* RemoteProtocolError as eg:
         logger.warning("protocol error: %s; closing", eg.exceptions[0])
     except* _NotAccepted as eg:
