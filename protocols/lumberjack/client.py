@@ -115,11 +115,13 @@ class _Forwarder:
             if s.ttl and trio.current_time() - born >= s.ttl:
                 self.log.info("connection TTL (%gs) reached; reconnecting once acked", s.ttl)
                 self.expired = True
-                self._wake()
+                if not self.inflight:
+                    self.timer.cancel()  # the receiver may be waiting with no deadline
                 return
             while len(self.inflight) >= s.pipelining:
                 await self.changed.park()
             if s.ttl:
+                deliveries = []
                 with trio.move_on_at(born + s.ttl):
                     deliveries = await self.sub.receive(s.bulk_max_size)
                 if not deliveries:  # the TTL ran out while idle
@@ -142,6 +144,8 @@ class _Forwarder:
             with self.timer:
                 data = await self.stream.receive_some(RECEIVE_SIZE)
             if self.timer.cancelled_caught:
+                if self.expired and not self.inflight:
+                    return
                 now = trio.current_time()
                 if now - self.last_progress >= self.s.stall_timeout:
                     raise trio.TooSlowError(

@@ -86,15 +86,21 @@ class _Session:
 
     async def run(self, shutdown: trio.Event | None) -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.ack_loop)
-            with trio.CancelScope() as reading:
-                if shutdown is not None:
-                    nursery.start_soon(_cancel_when_set, shutdown, reading)
-                await self.read_loop()
-            # The client closed its side, or the gateway is draining: ack what is
-            # in flight (a half-read window is dropped, unacked), then end.
-            self.finished_reading = True
-            self.wake()
+            reading = trio.CancelScope()
+            if shutdown is not None:
+                nursery.start_soon(_cancel_when_set, shutdown, reading)
+            nursery.start_soon(self.read_until_done, reading)
+            # Ends once reading has ended and every handed-off window is answered.
+            await self.ack_loop()
+            nursery.cancel_scope.cancel()
+
+    async def read_until_done(self, reading: trio.CancelScope) -> None:
+        with reading:
+            await self.read_loop()
+        # The client closed its side, or the gateway is draining: what is in
+        # flight still gets its ack (a half-read window is dropped, unacked).
+        self.finished_reading = True
+        self.wake()
 
     # -- reading ------------------------------------------------------------------
     async def read_loop(self) -> None:
