@@ -134,6 +134,7 @@ class _Table:
         default: Any = _REQUIRED,
         *,
         minimum: float | None = None,
+        maximum: float | None = None,
         choices: tuple[str, ...] = (),
         check: Callable[[Any], None] | None = None,
     ) -> Any:
@@ -147,6 +148,8 @@ class _Table:
             value = _convert(kind, self.data[name])
             if minimum is not None and value < minimum:
                 raise ValueError(f"must be at least {minimum:g}")
+            if maximum is not None and value > maximum:
+                raise ValueError(f"must be at most {maximum:g}")
             if choices and value not in choices:
                 raise ValueError(f"must be one of {', '.join(map(repr, choices))}, got {value!r}")
             if check is not None:
@@ -164,7 +167,14 @@ class _Table:
 
     def options(self, schema: Mapping[str, Option]) -> dict[str, Any]:
         return {
-            name: self.get(name, opt.kind, opt.default, minimum=opt.minimum, choices=opt.choices)
+            name: self.get(
+                name,
+                opt.kind,
+                opt.default,
+                minimum=opt.minimum,
+                maximum=opt.maximum,
+                choices=opt.choices,
+            )
             for name, opt in schema.items()
         }
 
@@ -231,7 +241,9 @@ def parse(
         if (up := _upstream(_Table(errors, f"upstreams[{i}]", item), base, registry))
     ]
     _unique(errors, "listeners", [(i, ls.name) for i, ls in indexed_listeners], "name")
-    _unique(errors, "listeners", [(i, ls.bind) for i, ls in indexed_listeners], "bind")
+    # Port 0 asks the OS for a free port: several such binds never collide.
+    fixed_binds = [(i, ls.bind) for i, ls in indexed_listeners if not ls.bind.endswith(":0")]
+    _unique(errors, "listeners", fixed_binds, "bind")
     _unique(errors, "upstreams", [(i, up.name) for i, up in indexed_upstreams], "name")
     listeners = [ls for _, ls in indexed_listeners]
     upstreams = [up for _, up in indexed_upstreams]

@@ -59,6 +59,8 @@ class Option:
     help: str
     #: For ``int``/``float``/``size``/``duration``: the smallest value accepted.
     minimum: float | None = None
+    #: For ``int``/``float``/``size``/``duration``: the largest value accepted.
+    maximum: float | None = None
     #: For ``str``: the only values accepted.
     choices: tuple[str, ...] = ()
 

@@ -95,8 +95,6 @@ def to_messages(
 def to_payload(message: Message) -> bytes:
     """The JSON object to send for ``message`` in a ``J`` frame."""
     body = message.body
-    if message.content_type == JSON and body[:1] == b"{":
-        return body
     if body.lstrip()[:1] == b"{":
         try:
             if isinstance(orjson.loads(body), dict):

@@ -63,7 +63,7 @@ class LumberjackPlugin(ProtocolPlugin):
     upstream_options = {
         "bulk_max_size": Option("int", 2048, "events per window", 1),
         "pipelining": Option("int", 2, "windows in flight", 1),
-        "compression_level": Option("int", 3, "zlib level 0-9 (0: uncompressed)", 0),
+        "compression_level": Option("int", 3, "zlib level 0-9 (0: uncompressed)", 0, maximum=9),
         "timeout": Option("duration", 30.0, "read timeout, reset by any ack", 0.01),
         "stall_timeout": Option(
             "duration", 300.0, "fail over when only keepalives arrive for this long", 0.01
@@ -106,22 +106,22 @@ class LumberjackPlugin(ProtocolPlugin):
                 extra_headers=enrichment(source) if enrich else None,
             )
             pending += 1
-            receipt = await hub.publish(messages)
-            receipt.add_done_callback(_settled)
-            return receipt
+            return await hub.publish(messages)
 
-        def _settled(_: Receipt) -> None:
+        def acked(_: Window) -> None:
+            # Pending until the ack is on the wire, not merely owed: the idle
+            # watchdog must never close a connection between the two.
             nonlocal pending
             pending -= 1
 
         conn.pending = lambda: pending > 0
-        await serve_connection(conn.stream, sink, settings, logger=conn.log, shutdown=conn.shutdown)
+        await serve_connection(
+            conn.stream, sink, settings, logger=conn.log, shutdown=conn.shutdown, on_ack=acked
+        )
 
     async def run_upstream(self, ctx: UpstreamContext) -> None:
         o = ctx.options
         level = o["compression_level"]
-        if level > 9:
-            raise ValueError(f"compression_level must be 0..9, got {level}")
         settings = ClientSettings(
             bulk_max_size=o["bulk_max_size"],
             pipelining=o["pipelining"],

@@ -69,9 +69,11 @@ class _Session:
         sink: WindowSink,
         settings: ServerSettings,
         logger: logging.Logger | logging.LoggerAdapter,
+        on_ack: Callable[[Window], None] | None = None,
     ) -> None:
         self.stream = stream
         self.sink = sink
+        self.on_ack = on_ack
         self.settings = settings
         self.log = logger
         self.codec = ServerCodec(settings.limits)
@@ -107,8 +109,12 @@ class _Session:
         codec = self.codec
         window_timer = trio.CancelScope()
         while True:
-            while len(self.pending) >= self.settings.max_pending_windows:
-                await self.changed.park()
+            if len(self.pending) >= self.settings.max_pending_windows:
+                paused = trio.current_time()
+                while len(self.pending) >= self.settings.max_pending_windows:
+                    await self.changed.park()
+                # Our own pause is not the client's slowness.
+                window_timer.deadline += trio.current_time() - paused
             with window_timer:
                 data = await self.stream.receive_some(RECEIVE_SIZE)
             if window_timer.cancelled_caught:
@@ -163,6 +169,8 @@ class _Session:
                 if receipt.outcome is not Outcome.DELIVERED:
                     raise _NotAccepted(head.window, receipt)
                 await self.send(Ack(head.window.version, head.window.highest_seq))
+                if self.on_ack is not None:
+                    self.on_ack(head.window)
                 last_sent = trio.current_time()
                 continue
             with trio.move_on_at(last_sent + keepalive) as scope:
@@ -201,17 +209,19 @@ async def serve_connection(
     *,
     logger: logging.Logger | logging.LoggerAdapter | None = None,
     shutdown: trio.Event | None = None,
+    on_ack: Callable[[Window], None] | None = None,
 ) -> None:
     """Serve one Lumberjack connection until the client closes it or breaks the protocol.
 
     Once ``shutdown`` is set, no more windows are read and the call returns as
     soon as the windows already handed off are acked (or the caller cancels).
+    ``on_ack(window)`` is called once a window's ack has been written.
     Protocol errors, refused windows and timeouts are logged and end the
     connection (the caller closes the stream); nothing unsafe is ever acked.
     """
     logger = logger or log
     try:
-        await _Session(stream, sink, settings or ServerSettings(), logger).run(shutdown)
+        await _Session(stream, sink, settings or ServerSettings(), logger, on_ack).run(shutdown)
     except* RemoteProtocolError as eg:
         logger.warning("protocol error: %s; closing", eg.exceptions[0])
     except* _NotAccepted as eg:
