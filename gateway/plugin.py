@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal
 import trio
 
 from .destination import Subscription
+from .errors import ProtocolError
 from .hub import Hub
 from .model import PeerIdentity, Source
 from .routing import UPSTREAM_PREFIX
@@ -193,6 +194,10 @@ class ServerConnection:
             self.touch()
 
 
+#: What ends one upstream connection but not the upstream.
+_CONNECTION_LOST = (OSError, trio.BrokenResourceError, trio.TooSlowError, ProtocolError)
+
+
 def _never() -> bool:
     return False
 
@@ -263,6 +268,33 @@ class UpstreamContext:
         # Next round starts after the one that failed first, spreading reconnects.
         self._next_address = (self._next_address + 1) % len(addresses)
         raise OSError("; ".join(errors) or "no address to connect to")
+
+    async def run_sessions(
+        self, session: Callable[[trio.abc.Stream, ConnectionInfo], Awaitable[None]]
+    ) -> None:
+        """Connect (with failover), run ``session`` on the stream, repeat, forever.
+
+        A session that returns ended cleanly (say, a connection TTL): reconnect
+        at once. One that loses its connection, times out or meets a protocol
+        error is logged, and the next connection waits out the backoff.
+        """
+        while True:
+            try:
+                stream, info = await self.connect()
+            except OSError as e:
+                delay = self.backoff.next_delay()
+                self.log.warning("cannot connect (%s); retrying in %gs", e, delay)
+                await trio.sleep(delay)
+                continue
+            self.backoff.reset()
+            self.log.info("connected to %s", info.peer)
+            try:
+                async with stream:
+                    await session(stream, info)
+                continue
+            except* _CONNECTION_LOST as eg:
+                self.log.warning("connection to %s lost: %s", info.peer, eg.exceptions[0])
+            await self.backoff.sleep()
 
     def subscribe(
         self, *, max_unacked: int = 4096, max_unacked_bytes: int | None = None

@@ -12,8 +12,13 @@ from typing import Any
 
 import trio
 
-from gateway.errors import RemoteProtocolError
-from gateway.plugin import Option, ProtocolPlugin, ServerConnection, UpstreamContext
+from gateway.plugin import (
+    ConnectionInfo,
+    Option,
+    ProtocolPlugin,
+    ServerConnection,
+    UpstreamContext,
+)
 from gateway.receipts import Receipt
 
 from . import Limits, Window
@@ -130,30 +135,13 @@ class LumberjackPlugin(ProtocolPlugin):
             stall_timeout=o["stall_timeout"],
             ttl=o["ttl"],
         )
-        while True:
-            try:
-                stream, info = await ctx.connect()
-            except OSError as e:
-                delay = ctx.backoff.next_delay()
-                ctx.log.warning("cannot connect (%s); retrying in %gs", e, delay)
-                await trio.sleep(delay)
-                continue
-            ctx.backoff.reset()
-            ctx.log.info("connected to %s", info.peer)
-            try:
-                with ctx.subscribe(max_unacked=settings.bulk_max_size * settings.pipelining) as sub:
-                    async with stream:
-                        acked = await forward(stream, sub, settings, logger=ctx.log)
-                ctx.log.info("closed after its TTL (%d events acked); reconnecting", acked)
-                continue
-            except* (
-                OSError,
-                trio.BrokenResourceError,
-                trio.TooSlowError,
-                RemoteProtocolError,
-            ) as eg:
-                ctx.log.warning("connection to %s lost: %s", info.peer, eg.exceptions[0])
-            await ctx.backoff.sleep()
+
+        async def session(stream: trio.abc.Stream, info: ConnectionInfo) -> None:
+            with ctx.subscribe(max_unacked=settings.bulk_max_size * settings.pipelining) as sub:
+                acked = await forward(stream, sub, settings, logger=ctx.log)
+            ctx.log.info("closed after its TTL (%d events acked); reconnecting", acked)
+
+        await ctx.run_sessions(session)
 
 
 #: The object the entry point names.

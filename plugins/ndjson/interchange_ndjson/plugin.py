@@ -23,7 +23,13 @@ import trio
 from gateway.destination import Subscription
 from gateway.errors import RemoteProtocolError
 from gateway.model import Message, Outcome
-from gateway.plugin import Option, ProtocolPlugin, ServerConnection, UpstreamContext
+from gateway.plugin import (
+    ConnectionInfo,
+    Option,
+    ProtocolPlugin,
+    ServerConnection,
+    UpstreamContext,
+)
 from gateway.receipts import Receipt
 
 from .codec import CLIENT, DEFAULT_MAX_LINE, NEED_DATA, SERVER, NdjsonConnection
@@ -357,27 +363,10 @@ class NdjsonPlugin(ProtocolPlugin):
         await _ServerSession(conn).run()
 
     async def run_upstream(self, ctx: UpstreamContext) -> None:
-        while True:
-            try:
-                stream, info = await ctx.connect()
-            except OSError as e:
-                delay = ctx.backoff.next_delay()
-                ctx.log.warning("cannot connect (%s); retrying in %gs", e, delay)
-                await trio.sleep(delay)
-                continue
-            ctx.backoff.reset()
-            ctx.log.info("connected to %s", info.peer)
-            try:
-                async with stream:
-                    await _ClientSession(ctx, stream).run()
-            except* (
-                OSError,
-                trio.BrokenResourceError,
-                trio.TooSlowError,
-                RemoteProtocolError,
-            ) as eg:
-                ctx.log.warning("connection to %s lost: %s", info.peer, eg.exceptions[0])
-            await ctx.backoff.sleep()
+        async def session(stream: trio.abc.Stream, info: ConnectionInfo) -> None:
+            await _ClientSession(ctx, stream).run()
+
+        await ctx.run_sessions(session)
 
 
 #: The object the entry point names.
