@@ -43,3 +43,27 @@ def test_ndjson_pubsub_smoke() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "msg" in result.stdout
+
+
+def test_lumberjack_smoke() -> None:
+    """The Lumberjack replay benchmark runs and its self-checks pass (acked == consumed)."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "lumberjack",
+            "--seconds",
+            "1",
+            "--warmup",
+            "0.2",
+            "--no-json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "acked events" in result.stdout
