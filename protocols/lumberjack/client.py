@@ -172,8 +172,7 @@ class _Forwarder:
             raise RemoteProtocolError(f"ack {seq} beyond the window of {len(head.tags)} events")
         if seq <= head.acked:
             return
-        for tag in head.tags[head.acked : seq]:
-            self.sub.ack(tag)
+        self.sub.ack_many(head.tags[head.acked : seq])
         self.acked_events += seq - head.acked
         head.acked = seq
         self.last_progress = self.last_ack

@@ -8,10 +8,12 @@ goes as it is, anything else is wrapped as ``{"message": <text>, …headers}``.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
+from itertools import repeat
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -76,6 +78,10 @@ def to_messages(
     a window with a malformed event is never acked.
     """
     headers = MappingProxyType(dict(extra_headers)) if extra_headers else _NO_HEADERS
+    if not destination_field and not headers:
+        fast = _json_window(events, source, destination, validate)
+        if fast is not None:
+            return fast
     parse = validate or bool(destination_field)
     out = []
     for seq, event in events:
@@ -90,6 +96,37 @@ def to_messages(
         else:
             out.append(Message(dest, event, headers, JSON, source))
     return out
+
+
+def _json_window(
+    events: list[tuple[int, bytes | dict[str, str]]],
+    source: Source,
+    destination: str,
+    validate: bool,
+) -> list[Message] | None:
+    """The common case, a window of ``J`` events all for one destination, in C-level loops.
+
+    Returns None when the window holds ``D`` events (the general path takes it).
+    """
+    mixed = [event for _, event in events]
+    if not all(type(p) is bytes for p in mixed):
+        return None
+    payloads = cast("list[bytes]", mixed)
+    if validate:
+        loads = orjson.loads
+        try:
+            ok = all(type(loads(p)) is dict for p in payloads)
+        except orjson.JSONDecodeError:
+            ok = False
+        if not ok:
+            for seq, payload in events:  # find and name the offending event
+                parse_event(seq, cast(bytes, payload))
+    fields = zip(repeat(destination), payloads, repeat(_NO_HEADERS), repeat(JSON), repeat(source))
+    return list(map(_new_message, fields))
+
+
+#: Builds a Message from a 5-tuple without the named tuple's Python-level __new__.
+_new_message = functools.partial(tuple.__new__, Message)
 
 
 def to_payload(message: Message) -> bytes:
