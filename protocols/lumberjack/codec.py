@@ -159,7 +159,26 @@ def _decode_data_frame(data: bytes | bytearray, q: int, pairs: int) -> dict[str,
     return fields
 
 
-class ServerCodec:
+class _Receiver:
+    """The receive buffer both roles share: bytes in, ``b""`` for the end of input."""
+
+    def __init__(self) -> None:
+        self._state = State.OPEN
+        self._eof = False
+        self._buf = bytearray()
+        self._pos = 0
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Add received bytes; ``b""`` means the peer closed its sending side."""
+        if not data:
+            self._eof = True
+        elif self._eof:
+            raise LocalProtocolError("data received after end of input")
+        elif self._state is State.OPEN:
+            self._buf += data
+
+
+class ServerCodec(_Receiver):
     """The reader side of one Lumberjack connection (v1 and v2 alike).
 
     ::
@@ -171,11 +190,8 @@ class ServerCodec:
     """
 
     def __init__(self, limits: Limits | None = None) -> None:
+        super().__init__()
         self.limits = Limits() if limits is None else limits
-        self._state = State.OPEN
-        self._eof = False
-        self._buf = bytearray()
-        self._pos = 0
         #: Bytes needed from ``_pos`` before parsing can make progress.
         self._need = 1
         #: Resume point ``(offset, blobs left)`` of a partly received ``D`` frame.
@@ -203,15 +219,6 @@ class ServerCodec:
         return self._state is State.OPEN and (self._remaining > 0 or len(self._buf) > self._pos)
 
     # -- input ----------------------------------------------------------------
-    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
-        """Add received bytes; ``b""`` means the peer closed its sending side."""
-        if not data:
-            self._eof = True
-        elif self._eof:
-            raise LocalProtocolError("data received after end of input")
-        elif self._state is State.OPEN:
-            self._buf += data
-
     def next_event(self) -> Window | ConnectionClosed | _NeedData:
         """The next whole window, :class:`ConnectionClosed`, or :data:`NEED_DATA`.
 
@@ -469,7 +476,7 @@ class ServerCodec:
         return b"".join(parts)
 
 
-class ClientCodec:
+class ClientCodec(_Receiver):
     """The writer side of one Lumberjack connection: windows out, acks in.
 
     Only ``A`` frames carrying this codec's version byte are accepted; matching
@@ -480,12 +487,9 @@ class ClientCodec:
     def __init__(self, version: int = 2) -> None:
         if version not in (1, 2):
             raise ValueError(f"Lumberjack version must be 1 or 2, not {version!r}")
+        super().__init__()
         self.version = version
         self._version_byte = version + 0x30
-        self._state = State.OPEN
-        self._eof = False
-        self._buf = bytearray()
-        self._pos = 0
 
     @property
     def state(self) -> State:
@@ -496,15 +500,6 @@ class ClientCodec:
         if self._state is State.ERROR:
             raise LocalProtocolError("the connection is in the ERROR state")
         return encode_window(self.version, payloads, compression_level)
-
-    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
-        """Add received bytes; ``b""`` means the peer closed its sending side."""
-        if not data:
-            self._eof = True
-        elif self._eof:
-            raise LocalProtocolError("data received after end of input")
-        elif self._state is State.OPEN:
-            self._buf += data
 
     def next_event(self) -> Ack | ConnectionClosed | _NeedData:
         """The next :class:`Ack`, :class:`ConnectionClosed`, or :data:`NEED_DATA`."""
