@@ -139,11 +139,30 @@ async def _subprocess(
     if profile is not None:
         # The gateway runs in this working directory, so a relative path works as given.
         command[1:1] = ["-m", "cProfile", "-o", str(profile)]
+    async with supervise(command, running):
+        yield running
+
+
+@contextlib.asynccontextmanager
+async def supervise(
+    command: list[str],
+    running: RunningGateway,
+    *,
+    cwd: Path | None = None,
+    log_grace: float = 2.0,
+) -> AsyncIterator[None]:
+    """Run ``command``, a gateway process that logs ``serving:``, for the ``with`` block.
+
+    Fills ``running`` (pid, addresses, log, return code); stops the process with
+    SIGTERM (then SIGKILL) on exit and waits up to ``log_grace`` seconds for its
+    last log lines. Raises RuntimeError if it exits or stalls before serving.
+    """
     process = await trio.lowlevel.open_process(
         command,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        cwd=None if cwd is None else str(cwd),
     )
     running.pid = process.pid
     stderr = process.stderr
@@ -161,13 +180,13 @@ async def _subprocess(
                 nursery.cancel_scope.cancel()
             else:
                 try:
-                    yield running
+                    yield
                 finally:
                     with trio.CancelScope(shield=True):
                         await _stop(process)
                         running.returncode = process.returncode
                         # Keep its last lines (the shutdown) unless something holds the pipe.
-                        with trio.move_on_after(2):
+                        with trio.move_on_after(log_grace):
                             await log_ended.wait()
                         nursery.cancel_scope.cancel()
     finally:

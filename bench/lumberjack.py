@@ -57,7 +57,6 @@ import random
 import re
 import signal
 import ssl
-import subprocess
 import sys
 import tempfile
 import time
@@ -73,7 +72,7 @@ from gateway.errors import RemoteProtocolError
 from protocols.lumberjack import NEED_DATA, Ack, ClientCodec, ConnectionClosed, encode_window
 
 from . import Result, register
-from ._gateway import START_TIMEOUT, RunningGateway, _read_log, _stop, to_toml
+from ._gateway import RunningGateway, supervise, to_toml
 from ._system import busy_seconds
 
 #: The repository root: where ``python -m bench.lumberjack`` finds the package.
@@ -342,7 +341,7 @@ async def gateway_process(
     ends, then is stopped with SIGTERM; ``running`` has its addresses, pid,
     log and exit status.
     """
-    async with _process(_prepare(config, path, command, profile), running):
+    async with supervise(_prepare(config, path, command, profile), running, cwd=ROOT, log_grace=5):
         yield
 
 
@@ -397,52 +396,6 @@ class _LogTail(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.running.log.append(self.format(record))
-
-
-@contextlib.asynccontextmanager
-async def _process(command: list[str], running: RunningGateway) -> AsyncIterator[None]:
-    """Run ``command`` (a gateway that logs ``serving:``) like ``_gateway.run_gateway`` does."""
-    process = await trio.lowlevel.open_process(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        cwd=str(ROOT),
-    )
-    running.pid = process.pid
-    stderr = process.stderr
-    assert stderr is not None
-    failure: str | None = None
-    try:
-        async with trio.open_nursery() as nursery:
-            decided, log_ended = trio.Event(), trio.Event()
-            nursery.start_soon(_read_log, stderr, running, decided, log_ended)
-            with trio.move_on_after(START_TIMEOUT):
-                await decided.wait()
-            if not running.addresses:
-                why = "exited" if decided.is_set() else f"did not serve within {START_TIMEOUT:g}s"
-                failure = f"the gateway process {why} before serving; its log:\n"
-                failure += "\n".join(running.log)
-                nursery.cancel_scope.cancel()
-            else:
-                try:
-                    yield
-                finally:
-                    with trio.CancelScope(shield=True):
-                        await _stop(process)
-                        running.returncode = process.returncode
-                        # The consumer's counts are its last log line: wait for it.
-                        with trio.move_on_after(5):
-                            await log_ended.wait()
-                        nursery.cancel_scope.cancel()
-    finally:
-        with trio.CancelScope(shield=True):
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-            await stderr.aclose()
-    if failure is not None:
-        raise RuntimeError(failure)
 
 
 def _dotted(config: Mapping[str, Any]) -> dict[str, Any]:
