@@ -13,8 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -154,7 +153,6 @@ class ServerConnection:
             logging.getLogger(f"gateway.protocol.{info.protocol}"),
             f"{listener.name} {info.peer}",
         )
-        self._busy = 0
         #: Asked by the idle watchdog: True while the protocol has work pending
         #: (unacked publishes, open subscriptions), so the connection is kept.
         self.pending: Callable[[], bool] = _never
@@ -181,17 +179,8 @@ class ServerConnection:
 
     @property
     def busy(self) -> bool:
-        return self._busy > 0 or self.pending()
-
-    @contextmanager
-    def holding(self) -> Iterator[None]:
-        """While inside, the connection has pending work and is never idle-closed."""
-        self._busy += 1
-        try:
-            yield
-        finally:
-            self._busy -= 1
-            self.touch()
+        """Whether the protocol has work pending (see :attr:`pending`)."""
+        return self.pending()
 
 
 #: What ends one upstream connection but not the upstream.

@@ -52,15 +52,10 @@ class Receipt:
 
     def settle_leg(self, outcome: Outcome | None, reason: str = "") -> None:
         """Settle one leg; ``None`` is neutral (the copy is no longer needed)."""
-        if outcome is not None and outcome > self._worst:
-            self._worst = outcome
-            self.reason = reason
-        self._pending -= 1
-        if self._pending == 0 and self._sealed:
-            self._finish()
+        self.settle_legs(1, outcome, reason)
 
     def settle_legs(self, n: int, outcome: Outcome | None, reason: str = "") -> None:
-        """Settle ``n`` legs at once with the same outcome."""
+        """Settle ``n`` legs at once with the same outcome (``None``: neutral)."""
         if n <= 0:
             return
         if outcome is not None and outcome > self._worst:

@@ -364,9 +364,7 @@ class TopicSubscription(Subscription):
         return copy
 
     def ack(self, tag: int) -> None:
-        copy = self._settle(tag)
-        self._topic._release(self._group, copy)
-        copy.receipt.settle_leg(Outcome.DELIVERED)
+        self.ack_many((tag,))
 
     def ack_many(self, tags: Iterable[int]) -> None:
         unacked = self._unacked
