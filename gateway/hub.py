@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 from collections.abc import Iterable, Sequence
 
 import trio
@@ -24,6 +25,8 @@ from .topic import Topic, TopicLimits
 __all__ = ["Hub", "HubLimits"]
 
 log = logging.getLogger(__name__)
+
+_DESTINATION = operator.attrgetter("destination")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -110,6 +113,13 @@ class Hub:
         self._inflight += 1
         receipt.add_done_callback(self._settled)
         try:
+            if not isinstance(messages, list):
+                messages = list(messages)
+            names = list(map(_DESTINATION, messages))
+            if names and names.count(names[0]) == len(names):
+                # All for one destination (a protocol's window, typically).
+                await self._route(messages, receipt)
+                return receipt
             # Runs of messages for one destination are routed and put together.
             run: list[Message] = []
             for message in messages:

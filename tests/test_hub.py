@@ -919,16 +919,26 @@ OVERSIZE = 2000
 GROUPS = (None, "g1", "g2")
 
 _sub = st.integers(min_value=0, max_value=7)
+_size = st.sampled_from([0, 40, 100, 300, 700, OVERSIZE])
 _op = st.one_of(
-    st.tuples(st.just("publish"), st.sampled_from([0, 40, 100, 300, 700, OVERSIZE])),
+    st.tuples(st.just("publish"), _size),
+    # One publish of several messages: the topic keeps them as one run.
+    st.tuples(st.just("publish_many"), st.lists(_size, min_size=2, max_size=5)),
     st.tuples(
         st.just("subscribe"),
         st.sampled_from(GROUPS),
         st.sampled_from([None, 0, 1, 3]),
-        st.integers(min_value=1, max_value=3),
+        st.integers(min_value=1, max_value=6),
+        st.sampled_from([None, 500]),
     ),
-    st.tuples(st.just("receive"), _sub, st.integers(min_value=1, max_value=3)),
+    st.tuples(st.just("receive"), _sub, st.integers(min_value=1, max_value=5)),
     st.tuples(st.just("ack"), _sub, st.integers(min_value=0, max_value=3)),
+    # Several deliveries in one ack_many call, in one of several orders.
+    st.tuples(
+        st.just("ack_many"),
+        _sub,
+        st.sampled_from(["all", "reversed", "odd", "even", "shuffled", "middle-reversed"]),
+    ),
     st.tuples(
         st.just("nack"),
         _sub,
@@ -974,13 +984,25 @@ class _Harness:
         live = [m for m in self.members if m is not None]
         return live[index % len(live)] if live else None
 
-    def join(self, group: str | None, credit: int | None = None, max_unacked: int = 1024) -> None:
+    def join(
+        self,
+        group: str | None,
+        credit: int | None = None,
+        max_unacked: int = 1024,
+        max_unacked_bytes: int | None = None,
+    ) -> None:
         if group is None:
             self.anonymous += 1
             key = f"~anon{self.anonymous}"
         else:
             key = group
-        sub = self.hub.subscribe("t", group, credit=credit, max_unacked=max_unacked)
+        sub = self.hub.subscribe(
+            "t",
+            group,
+            credit=credit,
+            max_unacked=max_unacked,
+            max_unacked_bytes=max_unacked_bytes,
+        )
         self.members.append(_Member(sub, key))
         for table in (self.settled, self.seen, self.outstanding):
             table.setdefault(key, set())
@@ -1035,18 +1057,52 @@ class _Harness:
                 return entry.receipt
 
             self.publishers.append(start(nursery, publish))
+        elif kind == "publish_many":
+            messages = []
+            entries = []
+            for pad in op[1]:
+                n = len(self.sent)
+                size = pad + MESSAGE_OVERHEAD + 8
+                self.sent.append(_Sent(oversize=size > BUFFER_BYTES))
+                entries.append(self.sent[n])
+                messages.append(msg(n, size=size))
+
+            async def publish_many() -> Receipt:
+                receipt = await self.hub.publish(messages)
+                for entry in entries:
+                    entry.receipt = receipt
+                return receipt
+
+            self.publishers.append(start(nursery, publish_many))
         elif kind == "subscribe":
-            self.join(op[1], op[2], op[3])
+            self.join(op[1], op[2], op[3], op[4])
         else:
             member = self.open_member(op[1])
             if member is None:
                 return
             if kind == "receive":
-                self.record(member, await receive_now(member.sub, op[2]))
+                got = await receive_now(member.sub, op[2])
+                assert len(got) <= op[2], "received more than max_count"
+                self.record(member, got)
             elif kind == "ack" and member.unacked:
                 d = member.unacked[op[2] % len(member.unacked)]
                 member.sub.ack(d.tag)
                 self.finish(member, d, None)
+            elif kind == "ack_many" and member.unacked:
+                chosen = list(member.unacked)
+                if op[2] == "reversed":
+                    chosen.reverse()
+                elif op[2] == "odd":
+                    chosen = chosen[1::2] or chosen
+                elif op[2] == "even":
+                    chosen = chosen[::2]
+                elif op[2] == "shuffled":
+                    chosen = chosen[1::2] + chosen[::2]
+                elif op[2] == "middle-reversed" and len(chosen) > 2:
+                    chosen = chosen[:1] + chosen[1:-1][::-1] + chosen[-1:]
+                member.sub.ack_many(d.tag for d in chosen)
+                for d in chosen:
+                    self.finish(member, d, None)
             elif kind == "nack" and member.unacked:
                 d = member.unacked[op[2] % len(member.unacked)]
                 if op[3] is None:
@@ -1078,8 +1134,8 @@ class _Harness:
             for m in drains:
                 got = await receive_now(m.sub)
                 self.record(m, got)
+                m.sub.ack_many(d.tag for d in got)
                 for d in got:
-                    m.sub.ack(d.tag)
                     self.finish(m, d, None)
                 got_any = got_any or bool(got)
             if not got_any and all(p.done for p in self.publishers):
@@ -1087,15 +1143,20 @@ class _Harness:
 
     def check_final(self) -> None:
         assert all(p.done and p.error is None for p in self.publishers), "publisher stuck"
-        for n, s in enumerate(self.sent):
+        # A publish of several messages settles with the worst of them.
+        worst: dict[int, Outcome] = {}
+        for s in self.sent:
             assert s.receipt is not None
-            assert s.receipt.done(), f"receipt of message {n} never settled"
             expected = max(s.nacked, default=Outcome.DELIVERED)
             if s.oversize:
                 expected = Outcome.REJECTED
-            assert s.receipt.outcome is expected, f"message {n}"
-            if s.receipt.outcome is Outcome.DELIVERED:
-                assert s.acked_by, f"message {n} reported delivered but nobody acked it"
+            worst[id(s.receipt)] = max(worst.get(id(s.receipt), Outcome.DELIVERED), expected)
+        for n, s in enumerate(self.sent):
+            assert s.receipt is not None
+            assert s.receipt.done(), f"receipt of message {n} never settled"
+            assert s.receipt.outcome is worst[id(s.receipt)], f"message {n}"
+            if max(s.nacked, default=Outcome.DELIVERED) is Outcome.DELIVERED and not s.oversize:
+                assert s.acked_by, f"message {n} settled but nobody acked or nacked it"
         stats = self.hub.destination("t").stats()
         assert stats["backlog"] == 0
         for g in stats["groups"].values():  # type: ignore[attr-defined]
@@ -1123,7 +1184,7 @@ def _run_scenario(ops: list[tuple[Any, ...]]) -> None:
         raise
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(_op, max_size=40))
 def test_random_operations_never_lose_a_message(ops: list[tuple[Any, ...]]) -> None:
     """Any interleaving of publish/subscribe/receive/ack/nack/grant/close: every
@@ -1137,7 +1198,7 @@ def test_scenario_harness_smoke() -> None:
     """The harness itself: a plain publish, receive, ack sequence passes."""
     _run_scenario(
         [
-            ("subscribe", "g1", None, 3),
+            ("subscribe", "g1", None, 3, None),
             ("publish", 40),
             ("publish", OVERSIZE),
             ("receive", 0, 3),
@@ -1184,3 +1245,130 @@ async def test_batch_publish_waits_per_message_when_the_batch_does_not_fit() -> 
         rest = await sub.receive()
         assert [d.message.body for d in rest] == [b"3", b"4"]
         await published.wait()
+
+
+# -- a publish of many messages is kept as one run ----------------------------------
+
+
+async def test_a_run_is_split_across_receives_and_credit() -> None:
+    hub = Hub()
+    sub = hub.subscribe("t", credit=3, max_unacked=100)
+    receipt = await hub.publish([msg(i) for i in range(5)])
+    first = await receive_now(sub)
+    assert numbers(first) == [0, 1, 2]
+    assert sub.credit == 0
+    sub.grant(10)
+    assert numbers(await receive_now(sub, 1)) == [3]
+    rest = await receive_now(sub)
+    assert numbers(rest) == [4]
+    assert sub.credit == 8
+    assert len({d.tag for d in first + rest}) == 4
+    assert sub.unacked == 5
+    assert not receipt.done()
+
+
+async def test_receive_spans_runs_but_never_exceeds_max_count() -> None:
+    hub = Hub()
+    sub = hub.subscribe("t", max_unacked=100)
+    await hub.publish([msg(0)])
+    await hub.publish([msg(i) for i in range(1, 6)])
+    got = await receive_now(sub, 3)
+    assert numbers(got) == [0, 1, 2]
+    assert numbers(await receive_now(sub)) == [3, 4, 5]
+
+
+async def test_partly_acked_run_redelivers_only_the_rest_in_order_when_closed() -> None:
+    hub = Hub()
+    first = hub.subscribe("t", "g", max_unacked=100)
+    receipt = await hub.publish([msg(i) for i in range(6)])
+    got = await receive_now(first)
+    first.ack_many([got[1].tag, got[4].tag])
+    first.ack(got[2].tag)
+    first.close()
+    second = hub.subscribe("t", "g")
+    again = await receive_now(second)
+    assert numbers(again) == [0, 3, 5]
+    assert all(d.redelivered for d in again)
+    assert not receipt.done()
+    second.ack_many(d.tag for d in again)
+    assert receipt.outcome is Outcome.DELIVERED
+
+
+@pytest.mark.parametrize(
+    "order",
+    [[0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [0, 2, 1, 3, 4], [1, 3, 0, 2, 4], [0, 3, 2, 1, 4]],
+)
+async def test_ack_many_in_any_order_settles_exactly_those_tags(order: list[int]) -> None:
+    hub = Hub()
+    sub = hub.subscribe("t", max_unacked=100)
+    receipt = await hub.publish([msg(i) for i in range(6)])
+    got = await receive_now(sub)
+    sub.ack_many(got[i].tag for i in order)
+    assert sub.unacked == 1
+    assert not receipt.done()
+    assert group_stats(hub, "t")["held"] == 1
+    with pytest.raises(KeyError):
+        sub.ack(got[order[-1]].tag)
+    sub.ack(got[5].tag)
+    assert receipt.outcome is Outcome.DELIVERED
+
+
+async def test_ack_many_stops_at_a_settled_tag_inside_a_run() -> None:
+    """Tags before the bad one settle; the bad one and those after it do not."""
+    hub = Hub()
+    sub = hub.subscribe("t", max_unacked=100)
+    await hub.publish([msg(i) for i in range(6)])
+    got = await receive_now(sub)
+    sub.ack(got[3].tag)
+    with pytest.raises(KeyError, match=f"tag {got[3].tag}"):
+        sub.ack_many(d.tag for d in got)
+    assert sub.unacked == 2  # 4 and 5 are still unacked
+    with pytest.raises(KeyError):
+        sub.ack(got[0].tag)
+    sub.ack_many([got[4].tag, got[5].tag])
+    assert sub.unacked == 0
+
+
+async def test_nack_inside_a_run_requeues_that_copy_first() -> None:
+    hub = Hub()
+    sub = hub.subscribe("t", max_unacked=100)
+    receipt = await hub.publish([msg(i) for i in range(4)])
+    got = await receive_now(sub, 3)
+    sub.nack(got[1].tag)
+    with pytest.raises(KeyError):
+        sub.nack(got[1].tag)
+    again = await receive_now(sub)
+    assert numbers(again) == [1, 3]
+    assert [d.redelivered for d in again] == [True, False]
+    sub.ack_many(d.tag for d in [got[0], got[2], *again])
+    assert receipt.outcome is Outcome.DELIVERED
+
+
+async def test_byte_window_splits_a_run() -> None:
+    hub = Hub()
+    sub = hub.subscribe("t", max_unacked_bytes=3 * 300)
+    await hub.publish([msg(i, size=300) for i in range(5)])
+    got = await receive_now(sub)
+    assert numbers(got) == [0, 1, 2]
+    assert await receive_now(sub) == []
+    sub.ack(got[0].tag)
+    assert numbers(await receive_now(sub)) == [3]
+
+
+async def test_last_group_leaving_moves_a_fanned_out_run_to_the_backlog_keeping_flags() -> None:
+    """Copies an earlier group gave up are the only ones left: they move on, flagged
+    as redelivered only where they had been delivered."""
+    hub = Hub()
+    a = hub.subscribe("t")
+    b = hub.subscribe("t")
+    receipt = await hub.publish([msg(i) for i in range(3)])
+    delivered = await receive_now(a, 2)
+    b.close()  # b's copies settle neutral: a's are now the only ones
+    a.close()  # the last group: a's copies go to the backlog
+    c = hub.subscribe("t")
+    got = await receive_now(c)
+    assert numbers(got) == [0, 1, 2]
+    assert [d.redelivered for d in got] == [True, True, False]
+    assert numbers(delivered) == [0, 1]
+    c.ack_many(d.tag for d in got)
+    assert receipt.outcome is Outcome.DELIVERED
