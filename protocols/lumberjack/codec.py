@@ -18,7 +18,9 @@ at an offset: no reslicing per frame and no object per event but the
 buffered, with ``decompressobj().decompress(data, max_length)`` in bounded
 steps so that a zip bomb is refused after at most ``min(max_inflated,
 max_ratio * len)`` bytes; the inflated bytes then go through the same loop
-(recursively, for nested ``C``), where a frame cut short is an error. When a
+(recursively, for nested ``C``), where a frame cut short is an error; there
+a run of whole ``J`` frames, the bulk of any Beats window, is read by a tight
+inner loop that leaves every unusual frame to the general one. When a
 frame is incomplete the loop records how many bytes it needs, so a large
 frame arriving in small pieces is not re-parsed per piece; the length
 fields of a ``D`` frame are scanned with a resumable cursor for the same
@@ -33,6 +35,7 @@ and puts the codec in :attr:`State.ERROR`; the driver closes the connection
 from __future__ import annotations
 
 import enum
+import operator
 import zlib
 from collections import deque
 from collections.abc import Sequence
@@ -66,6 +69,8 @@ class _NeedData:
 
 #: Returned by ``next_event`` when no whole event has arrived yet.
 NEED_DATA: Final = _NeedData()
+
+_SEQ: Final = operator.itemgetter(0)
 
 #: Largest piece inflated per ``decompress`` call (the bound is checked per piece).
 _INFLATE_STEP: Final = 1 << 20
@@ -324,6 +329,29 @@ class ServerCodec(_Receiver):
                 elif typ in (FRAME_JSON, FRAME_DATA):
                     need = 10
                     break
+
+            if typ == FRAME_JSON and remaining and not top and b <= max_frame and p + 10 + b <= end:
+                # The common case, a run of whole J frames inside an inflated C payload,
+                # in a tight loop; anything unusual is left to the general one below.
+                first = len(events)
+                while True:
+                    q = p + 10 + b
+                    append((a, data[p + 10 : q]))  # type: ignore[arg-type]
+                    p = q
+                    remaining -= 1
+                    if not remaining or end - p < 10:
+                        break
+                    next_ver, typ, a, b = unpack10(data, p)
+                    if typ != FRAME_JSON or next_ver != ver or b > max_frame or p + 10 + b > end:
+                        break
+                seq = max(map(_SEQ, events[first:]))
+                if seq > highest:
+                    highest = seq
+                if not remaining:
+                    ready.append(Window(win_version - 0x30, win_size, events, highest, True))
+                    events = []
+                    append = events.append
+                continue
 
             if typ == FRAME_JSON:  # seq = a, length = b
                 if b > max_frame:

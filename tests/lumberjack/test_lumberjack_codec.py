@@ -271,6 +271,22 @@ def _rows() -> dict[str, tuple[bytes, Any]]:
             w(2, 2) + b"2C" + struct.pack(">I", len(z := zlib.compress(two[:-3]))) + z,
             RemoteProtocolError,
         ),
+        "J cut short after whole ones inside C": (
+            w(2, 3) + c(2, (three)[:-1]),
+            RemoteProtocolError,
+        ),
+        "J announcing 2^31 bytes after whole ones inside C": (
+            w(2, 3) + c(2, two + b"2J\x00\x00\x00\x03\x80\x00\x00\x00{}"),
+            RemoteProtocolError,
+        ),
+        "D between J frames inside C": (
+            w(2, 3) + c(2, j(2, 1, b"{}") + d(2, 2, {"k": "v"}) + j(2, 3, b"{}")),
+            [(2, 3, True)],
+        ),
+        "v1 J between v2 J frames inside C": (
+            w(2, 3) + c(2, j(2, 1, b"{}") + j(1, 2, b"{}") + j(2, 3, b"{}")),
+            [(2, 3, True)],
+        ),
         # The codec keeps J payloads as raw bytes; JSON validity is the driver's call.
         "invalid JSON is passed through": (w(2, 1) + j(2, 1, b"{not json"), [(2, 1, True)]),
         "W 2^32-1": (b"2W\xff\xff\xff\xff", RemoteProtocolError),
