@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import enum
 import operator
+import types
 import zlib
 from collections import deque
 from collections.abc import Sequence
@@ -58,6 +59,12 @@ from .frames import (
     encode_ack,
     encode_window,
 )
+
+_inflating: types.ModuleType
+try:  # ISA-L inflates zlib streams about twice as fast as zlib does
+    from isal import isal_zlib as _inflating
+except ImportError:  # pragma: no cover - a platform without an isal wheel
+    _inflating = zlib
 
 __all__ = ["NEED_DATA", "ClientCodec", "Limits", "ServerCodec", "State"]
 
@@ -476,7 +483,7 @@ class ServerCodec(_Receiver):
         limits = self.limits
         bound = min(limits.max_inflated, limits.max_ratio * (stop - start))
         step = max(_INFLATE_STEP, bound >> 3)
-        inflater = zlib.decompressobj()
+        inflater = _inflating.decompressobj()
         parts: list[bytes] = []
         total = 0
         with memoryview(data) as whole, whole[start:stop] as view:
@@ -495,7 +502,7 @@ class ServerCodec(_Receiver):
                     if not chunk:
                         raise RemoteProtocolError("truncated zlib stream in a C frame")
                     src = inflater.unconsumed_tail
-            except zlib.error as e:
+            except (zlib.error, _inflating.error) as e:
                 raise RemoteProtocolError(f"bad zlib stream in a C frame: {e}") from None
             finally:
                 src = b""

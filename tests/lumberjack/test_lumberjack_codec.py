@@ -650,7 +650,7 @@ def test_zip_bomb_never_inflates_past_the_bound(
     bomb: bytes, limits: Limits, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     produced = 0
-    real = zlib.decompressobj
+    real = codec_module._inflating.decompressobj
 
     class Counting:
         def __init__(self) -> None:
@@ -666,7 +666,7 @@ def test_zip_bomb_never_inflates_past_the_bound(
         def __getattr__(self, name: str) -> Any:
             return getattr(self.inner, name)
 
-    monkeypatch.setattr(codec_module.zlib, "decompressobj", Counting)
+    monkeypatch.setattr(codec_module._inflating, "decompressobj", Counting)
     compressed = len(bomb) - 12
     bound = min(limits.max_inflated, limits.max_ratio * compressed)
     with pytest.raises(RemoteProtocolError, match="inflates past"):
@@ -862,3 +862,24 @@ def test_the_codec_imports_no_io_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", [name for name in PROBES if "C" in name or "zlib" in name])
+def test_isal_and_zlib_inflaters_agree(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ISA-L is used where installed, zlib elsewhere: every C-frame probe reads the same."""
+    data, _ = PROBES[name]
+
+    def outcome() -> Any:
+        try:
+            return feed([data], eof=False)
+        except RemoteProtocolError:
+            return RemoteProtocolError
+
+    with_default = outcome()
+    monkeypatch.setattr(codec_module, "_inflating", zlib)
+    assert outcome() == with_default
+
+
+def test_isal_is_the_inflater_where_installed() -> None:
+    isal_zlib = pytest.importorskip("isal.isal_zlib")
+    assert codec_module._inflating is isal_zlib
