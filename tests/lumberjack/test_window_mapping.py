@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.errors import RemoteProtocolError
 from gateway.model import Message, Source
-from protocols.lumberjack.mapping import JSON, to_messages
+from protocols.lumberjack.mapping import JSON, json_object_error, to_messages
 
 SOURCE = Source("lumberjack", "beats", "127.0.0.1:1")
 EVENTS: list[tuple[int, bytes | dict[str, str]]] = [
@@ -42,3 +46,108 @@ def test_key_value_events_take_the_general_path() -> None:
     kv, js = to_messages(events, SOURCE, "logs")
     assert (kv.body, dict(kv.headers), kv.content_type) == (b"", {"line": "x"}, None)
     assert (js.body, js.content_type) == (b'{"a":1}', JSON)
+
+
+# -- what counts as a JSON object --------------------------------------------------------
+
+OBJECTS = [
+    b"{}",
+    b' {"a":1}',
+    b'{"a":1}\n',
+    b'{"\xc3\xa9":"\xf0\x9f\x98\x80"}',
+    b'{"a":"\\ud83d\\ude00"}',
+    b'{"a":[1,-0.5e3,true,null,{"b":{}}]}',
+    b'{"a":123456789012345678901234567890}',
+]
+NOT_OBJECTS = [
+    (b"", "not valid JSON"),
+    (b"[]", "not a JSON object"),
+    (b'"{}"', "not a JSON object"),
+    (b"{}{}", "not valid JSON"),
+    (b'{"a":1,}', "not valid JSON"),
+    (b'{"a":NaN}', "not valid JSON"),
+    (b'{"a":"\\ud800"}', "not valid JSON"),  # a lone surrogate
+    (b'{"a":"\t"}', "not valid JSON"),  # a raw control character
+    (b'{"a":"\xff"}', "not UTF-8"),
+    (b'{"a":"\xed\xa0\x80"}', "not UTF-8"),  # a surrogate encoded in UTF-8
+    (b'{"a":"\xc3"}', "not UTF-8"),
+    (b"\xef\xbb\xbf{}", "not valid JSON"),  # a byte order mark
+    (b'{"a":' + b"[" * 5000 + b"]" * 5000 + b"}", "nested too deeply"),
+]
+
+
+@pytest.mark.parametrize("payload", OBJECTS, ids=repr)
+def test_json_objects_are_accepted_alone_and_in_a_window(payload: bytes) -> None:
+    assert json_object_error(payload) is None
+    events: list[tuple[int, bytes | dict[str, str]]] = [(1, b"{}"), (2, payload), (3, b"{}")]
+    assert [m.body for m in to_messages(events, SOURCE, "logs")] == [b"{}", payload, b"{}"]
+
+
+@pytest.mark.parametrize(("payload", "why"), NOT_OBJECTS, ids=lambda v: repr(v)[:40])
+def test_anything_else_is_refused_alone_and_in_a_window(payload: bytes, why: str) -> None:
+    problem = json_object_error(payload)
+    assert problem is not None
+    assert why in problem
+    events: list[tuple[int, bytes | dict[str, str]]] = [(1, b"{}"), (2, payload), (3, b"{}")]
+    with pytest.raises(RemoteProtocolError, match=f"seq 2 .*{why}"):
+        to_messages(events, SOURCE, "logs")
+
+
+def test_utf8_split_across_events_is_still_refused() -> None:
+    """Two halves of one UTF-8 sequence in neighbouring events are each invalid."""
+    events: list[tuple[int, bytes | dict[str, str]]] = [(1, b'{"a":"\xc3'), (2, b'\xa9"}')]
+    with pytest.raises(RemoteProtocolError, match="seq 1"):
+        to_messages(events, SOURCE, "logs")
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            _json_values.map(lambda v: json.dumps(v, ensure_ascii=False).encode()),
+            st.dictionaries(st.text(), _json_values, max_size=4).map(
+                lambda v: json.dumps(v, ensure_ascii=False).encode()
+            ),
+            st.binary(max_size=12),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_a_window_is_accepted_exactly_when_each_event_is_an_object(payloads: list[bytes]) -> None:
+    """The window-wide check agrees with the one-event check, and both with the
+    standard library's parser (where it is strict: no NaN, no lone surrogates)."""
+    events: list[tuple[int, bytes | dict[str, str]]] = list(enumerate(payloads, 1))
+    verdicts = [json_object_error(p) is None for p in payloads]
+    for p, ok in zip(payloads, verdicts, strict=True):
+        assert ok == _stdlib_says_object(p), p
+    if all(verdicts):
+        assert [m.body for m in to_messages(events, SOURCE, "logs")] == payloads
+    else:
+        first_bad = verdicts.index(False) + 1
+        with pytest.raises(RemoteProtocolError, match=f"seq {first_bad} "):
+            to_messages(events, SOURCE, "logs")
+
+
+def _stdlib_says_object(payload: bytes) -> bool:
+    def refuse(value: str) -> None:
+        raise ValueError(value)
+
+    try:
+        text = payload.decode("utf-8")
+        value = json.loads(text, parse_constant=refuse)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    # The standard library lets lone surrogate escapes through; JSON text must not.
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return isinstance(value, dict)
