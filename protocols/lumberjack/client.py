@@ -60,6 +60,9 @@ class ClientSettings:
     #: Reconnect after this many seconds (0: never), once in-flight windows are acked.
     ttl: float = 0.0
     version: int = 2
+    #: The ``"@metadata":{…}`` member added to events that lack one
+    #: (:func:`~protocols.lumberjack.mapping.beats_metadata`); empty: none.
+    metadata: bytes = b""
 
 
 class _Sent:
@@ -129,7 +132,8 @@ class _Forwarder:
             else:
                 deliveries = await self.sub.receive(s.bulk_max_size)
             wire = self.codec.send_window(
-                [to_payload(d.message) for d in deliveries], compression_level=s.compression_level
+                [to_payload(d.message, s.metadata) for d in deliveries],
+                compression_level=s.compression_level,
             )
             if not self.inflight:
                 self.last_ack = self.last_progress = trio.current_time()

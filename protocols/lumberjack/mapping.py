@@ -32,6 +32,7 @@ from gateway.model import Message, PeerIdentity, Source
 
 __all__ = [
     "JSON",
+    "beats_metadata",
     "enrichment",
     "field_value",
     "json_object_error",
@@ -195,14 +196,51 @@ _BYTES_ONLY = {bytes}
 _new_message = functools.partial(tuple.__new__, Message)
 
 
-def to_payload(message: Message) -> bytes:
-    """The JSON object to send for ``message`` in a ``J`` frame."""
+class _MetadataProbe(msgspec.Struct):
+    """Reads only whether an object has a top-level ``@metadata`` key."""
+
+    metadata: msgspec.Raw | msgspec.UnsetType = msgspec.field(
+        default=msgspec.UNSET, name="@metadata"
+    )
+
+
+_METADATA_PROBE = msgspec.json.Decoder(_MetadataProbe)
+
+
+def beats_metadata(beat: str, type_: str, version: str) -> bytes:
+    """The ``"@metadata":{…}`` member Logstash's beats input reads (index names, routing)."""
+    value = {"beat": beat, "type": type_, "version": version}
+    return b'"@metadata":' + json.dumps(value, separators=(",", ":")).encode()
+
+
+def to_payload(message: Message, metadata: bytes = b"") -> bytes:
+    """The JSON object to send for ``message`` in a ``J`` frame.
+
+    With ``metadata`` (from :func:`beats_metadata`), an object without a
+    top-level ``@metadata`` gets that member; one that has it (a Beats event
+    relayed) goes unchanged.
+    """
     body = message.body
     if json_object_error(body) is None:
+        if metadata and not _has_metadata(body):
+            # Spliced in after the "{": the rest of the object stays byte for byte.
+            brace = len(body) - len(body.lstrip(_JSON_WHITESPACE))
+            empty = body[brace + 1 :].lstrip(_JSON_WHITESPACE)[:1] == b"}"
+            return body[: brace + 1] + metadata + (b"" if empty else b",") + body[brace + 1 :]
         return body
     obj: dict[str, Any] = {}
     if body or not message.headers:
         obj["message"] = body.decode("utf-8", "replace")
     for key, value in message.headers.items():
         obj.setdefault(key, value)
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    if metadata and "@metadata" not in obj:
+        text = b"{" + metadata + b"," + text[1:]
+    return text
+
+
+def _has_metadata(body: bytes) -> bool:
+    """Whether the JSON object ``body`` has a top-level ``@metadata`` key."""
+    if b'"@metadata"' not in body and b"\\u" not in body:  # the key, or an escaped spelling
+        return False
+    return _METADATA_PROBE.decode(body).metadata is not msgspec.UNSET

@@ -8,6 +8,7 @@ is routed to ``upstream:NAME`` as windows, acking the hub per covered event.
 
 from __future__ import annotations
 
+import importlib.metadata
 from typing import Any
 
 import trio
@@ -23,7 +24,7 @@ from gateway.receipts import Receipt
 
 from . import Limits, Window
 from .client import ClientSettings, forward
-from .mapping import enrichment, to_messages
+from .mapping import beats_metadata, enrichment, to_messages
 from .server import ServerSettings, serve_connection
 
 __all__ = ["LumberjackPlugin", "plugin"]
@@ -74,6 +75,10 @@ class LumberjackPlugin(ProtocolPlugin):
             "duration", 300.0, "fail over when only keepalives arrive for this long", 0.01
         ),
         "ttl": Option("duration", 0.0, "reconnect after this long (0: never)"),
+        "metadata_beat": Option(
+            "str", "interchange", "@metadata.beat added to events without @metadata ('': none)"
+        ),
+        "metadata_type": Option("str", "_doc", "@metadata.type added with it"),
     }
 
     def default_listener(self) -> dict[str, Any]:
@@ -134,6 +139,11 @@ class LumberjackPlugin(ProtocolPlugin):
             timeout=o["timeout"],
             stall_timeout=o["stall_timeout"],
             ttl=o["ttl"],
+            metadata=(
+                beats_metadata(o["metadata_beat"], o["metadata_type"], _version())
+                if o["metadata_beat"]
+                else b""
+            ),
         )
 
         async def session(stream: trio.abc.Stream, info: ConnectionInfo) -> None:
@@ -142,6 +152,14 @@ class LumberjackPlugin(ProtocolPlugin):
             ctx.log.info("closed after its TTL (%d events acked); reconnecting", acked)
 
         await ctx.run_sessions(session)
+
+
+def _version() -> str:
+    """The gateway's version, sent as ``@metadata.version``."""
+    try:
+        return importlib.metadata.version("interchange")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a bare tree
+        return "0"
 
 
 #: The object the entry point names.

@@ -10,6 +10,7 @@ and the third-party ``pylogbeat``; receivers are ``NdjsonClient``, the library
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,6 +30,8 @@ from gateway.runtime import Gateway
 from protocols.lumberjack.client import ClientSettings, LumberjackClient
 from protocols.lumberjack.server import ServerSettings
 from protocols.lumberjack.standalone import Batch, open_server
+
+VERSION = importlib.metadata.version("interchange")
 
 
 def lj_listener(name: str = "lj", **options: Any) -> dict[str, Any]:
@@ -62,6 +65,13 @@ def relay_config(connect: str, listener: dict[str, Any], **upstream: Any) -> dic
         "upstreams": [lj_upstream(connect, **upstream)],
         "routes": [{"from": "logs", "to": ["upstream:next"]}],
     }
+
+
+def relayed(body: bytes) -> dict[str, Any]:
+    """A relayed event without the ``@metadata`` the upstream added (checked here)."""
+    event: dict[str, Any] = json.loads(body)
+    assert event.pop("@metadata") == {"beat": "interchange", "type": "_doc", "version": VERSION}
+    return event
 
 
 def plain(*listeners: dict[str, Any]) -> dict[str, Any]:
@@ -176,9 +186,10 @@ async def test_ndjson_publisher_to_a_lumberjack_upstream_acks_after_the_server()
                 batch = await receive_batch(server)
                 batches.append(batch)
                 events += [p for _, p in batch.events]  # type: ignore[misc]
+            metadata = {"beat": "interchange", "type": "_doc", "version": VERSION}
             assert [json.loads(e) for e in events] == [
-                {"message": "plain text", "k": "v"},
-                {"a": 1},
+                {"@metadata": metadata, "message": "plain text", "k": "v"},
+                {"@metadata": metadata, "a": 1},
             ]
             with trio.move_on_after(0.3):
                 await pub.wait_answers([text_id])
@@ -204,7 +215,7 @@ async def test_a_body_labelled_json_that_is_not_an_object_is_wrapped_not_sent_ra
             [bad] = await pub.publish_nowait([b'{"truncated": '], content_type="application/json")
             [good] = await pub.publish_nowait([b'{"fine": true}'], content_type="application/json")
             got = await take(tap, 2, ack=True, timeout=2)
-            assert [json.loads(x.message.body) for x in got] == [
+            assert [relayed(x.message.body) for x in got] == [
                 {"message": '{"truncated": '},
                 {"fine": True},
             ]
@@ -252,7 +263,7 @@ async def test_relay_acks_pylogbeat_only_after_the_final_consumer_acked() -> Non
             tap.ack_many(x.tag for x in first)
             rest = await take(tap, 7, ack=True)
             assert await sending.wait() == 10  # pylogbeat's sequence ran on across windows
-        received = [json.loads(x.message.body) for x in first + rest]
+        received = [relayed(x.message.body) for x in first + rest]
         assert received == [event for window in windows for event in window]
         source = first[0].message.source
         assert source is not None
@@ -268,7 +279,7 @@ async def test_relay_end_to_end_with_the_library_client() -> None:
                 sending = Sending()
                 nursery.start_soon(sending.run, sender.send, events)
                 got = await take(tap, 4)
-                assert [json.loads(x.message.body) for x in got] == events
+                assert [relayed(x.message.body) for x in got] == events
                 assert await sending.not_done_within(0.2)
                 tap.ack_many(x.tag for x in got)
                 assert await sending.wait() == 4
@@ -388,5 +399,5 @@ async def test_relay_over_mutual_tls_carries_the_upstream_identity(certs: dict[s
             assert await sending.not_done_within(0.2)
             tap.ack(got.tag)
             assert await sending.wait() == 1
-        assert json.loads(got.message.body) == {"over": "mtls"}
+        assert relayed(got.message.body) == {"over": "mtls"}
         assert "CN=interchange-client" in got.message.headers["lumberjack.tls_subject"]

@@ -174,6 +174,8 @@ def upstream_config(connect: str | list[str], **options: Any) -> dict[str, Any]:
         "backoff_initial": "20ms",
         "backoff_max": "50ms",
         "connect_timeout": "1s",
+        # Bodies go byte for byte, so that windows can be compared with encode_window.
+        "metadata_beat": "",
     } | options
     return {
         "gateway": {"drain_timeout": "100ms"},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -10,7 +11,13 @@ from hypothesis import strategies as st
 
 from gateway.errors import RemoteProtocolError
 from gateway.model import Message, Source
-from protocols.lumberjack.mapping import JSON, json_object_error, to_messages
+from protocols.lumberjack.mapping import (
+    JSON,
+    beats_metadata,
+    json_object_error,
+    to_messages,
+    to_payload,
+)
 
 SOURCE = Source("lumberjack", "beats", "127.0.0.1:1")
 EVENTS: list[tuple[int, bytes | dict[str, str]]] = [
@@ -151,3 +158,64 @@ def _stdlib_says_object(payload: bytes) -> bool:
     except UnicodeEncodeError:
         return False
     return isinstance(value, dict)
+
+
+# -- outbound: @metadata for Logstash ----------------------------------------------------
+
+#: JSON values only (no Infinity, which json.dumps writes but JSON does not have).
+_strict_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+METADATA = beats_metadata("interchange", "_doc", "1.2.3")
+METADATA_VALUE = {"beat": "interchange", "type": "_doc", "version": "1.2.3"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["@metadata", "message", "a", "@timestamp", "\u00e9"]),
+        _strict_json_values,
+    ),
+    st.sampled_from(["", " ", "\n  "]),
+)
+def test_metadata_is_added_exactly_when_the_object_has_none(
+    event: dict[str, Any], space: str
+) -> None:
+    body = space + json.dumps(event, ensure_ascii=False, indent=1 if space else None) + space
+    raw = body.encode()
+    out = to_payload(Message("d", raw, {}, JSON), METADATA)
+    if "@metadata" in event:
+        assert out == raw  # a Beats event: forwarded byte for byte
+    else:
+        assert json.loads(out) == {"@metadata": METADATA_VALUE, **event}
+        # Only the member is inserted; everything around it is the sender's bytes.
+        assert out.replace(METADATA + (b"," if event else b""), b"", 1) == raw
+
+
+@pytest.mark.parametrize(
+    ("body", "has"),
+    [
+        (b'{"\\u0040metadata":{}}', True),  # the key, escaped
+        (b'{"x":{"@metadata":1}}', False),  # not at the top level
+        (b'{"x":"\\"@metadata\\""}', False),  # inside a string
+    ],
+)
+def test_metadata_key_is_found_however_it_is_spelled(body: bytes, has: bool) -> None:
+    out = to_payload(Message("d", body, {}, JSON), METADATA)
+    assert (out == body) is has
+    assert "@metadata" in json.loads(out)
+
+
+def test_wrapped_bodies_get_metadata_too() -> None:
+    out = to_payload(Message("d", b"plain", {"k": "v"}), METADATA)
+    assert json.loads(out) == {"@metadata": METADATA_VALUE, "message": "plain", "k": "v"}
+    out = to_payload(Message("d", b"", {"line": "x"}), METADATA)
+    assert json.loads(out) == {"@metadata": METADATA_VALUE, "line": "x"}
+    # Without metadata, nothing is added.
+    assert to_payload(Message("d", b'{"a":1}', {}, JSON)) == b'{"a":1}'
