@@ -221,8 +221,12 @@ def to_payload(message: Message, metadata: bytes = b"") -> bytes:
     relayed) goes unchanged.
     """
     body = message.body
-    if json_object_error(body) is None:
-        if metadata and not _has_metadata(body):
+    if metadata and (b'"@metadata"' in body or b"\\u" in body):  # the key, or an escaped spelling
+        has_metadata = _has_metadata(body)
+    else:
+        has_metadata = False if json_object_error(body) is None else None
+    if has_metadata is not None:  # a JSON object
+        if metadata and not has_metadata:
             # Spliced in after the "{": the rest of the object stays byte for byte.
             brace = len(body) - len(body.lstrip(_JSON_WHITESPACE))
             empty = body[brace + 1 :].lstrip(_JSON_WHITESPACE)[:1] == b"}"
@@ -239,8 +243,11 @@ def to_payload(message: Message, metadata: bytes = b"") -> bytes:
     return text
 
 
-def _has_metadata(body: bytes) -> bool:
-    """Whether the JSON object ``body`` has a top-level ``@metadata`` key."""
-    if b'"@metadata"' not in body and b"\\u" not in body:  # the key, or an escaped spelling
-        return False
-    return _METADATA_PROBE.decode(body).metadata is not msgspec.UNSET
+def _has_metadata(body: bytes) -> bool | None:
+    """Whether ``body`` has a top-level ``@metadata`` key; None if it is not a JSON object."""
+    try:
+        probe = _METADATA_PROBE.decode(body)  # checks the syntax and that it is an object
+        body.decode("utf-8")
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        return None
+    return probe.metadata is not msgspec.UNSET

@@ -204,6 +204,9 @@ def test_metadata_is_added_exactly_when_the_object_has_none(
         (b'{"\\u0040metadata":{}}', True),  # the key, escaped
         (b'{"x":{"@metadata":1}}', False),  # not at the top level
         (b'{"x":"\\"@metadata\\""}', False),  # inside a string
+        (b'["@metadata"]', False),  # not an object: wrapped
+        (b'{"@metadata":"\xff"}', False),  # not UTF-8: wrapped
+        (b'{"@metadata":1', False),  # not JSON: wrapped
     ],
 )
 def test_metadata_key_is_found_however_it_is_spelled(body: bytes, has: bool) -> None:
