@@ -28,6 +28,8 @@ __all__ = ["Config", "ConfigError", "GatewaySettings", "default_config", "load",
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 _REQUIRED = object()
 LOG_LEVELS = ("debug", "info", "warning", "error")
+#: The metrics endpoint's port in the embedded default (Prometheus exporters' 9464).
+DEFAULT_METRICS_PORT = 9464
 
 
 class ConfigError(Exception):
@@ -54,6 +56,8 @@ class Config:
     routes: list[Route]
     #: The file it came from; None for the embedded default.
     path: Path | None = None
+    #: Where ``GET /metrics`` is served (``[metrics] bind``); None: nowhere.
+    metrics_bind: str | None = None
 
 
 class _Errors:
@@ -272,11 +276,20 @@ def parse(
             errors.add(t.key("to"), str(e))
             continue
         routes.append(route)
-    root.finish("top-level tables are gateway, listeners, upstreams and routes")
+    metrics_bind = None
+    metrics = root.table("metrics")
+    if metrics is not None and metrics.ok:
+        metrics_bind = metrics.get("bind", "str", check=_check_address(registry))
+        metrics.finish()
+        if metrics_bind is not None and not metrics_bind.endswith(":0"):
+            for i, ls in indexed_listeners:
+                if ls.bind == metrics_bind:
+                    errors.add(metrics.key("bind"), f"is also the bind of listeners[{i}]")
+    root.finish("top-level tables are gateway, metrics, listeners, upstreams and routes")
 
     if errors.items:
         raise ConfigError(errors.items)
-    return Config(gateway, listeners, upstreams, routes)
+    return Config(gateway, listeners, upstreams, routes, metrics_bind=metrics_bind)
 
 
 def _array(root: _Table, name: str, errors: _Errors) -> list[Any]:
@@ -442,5 +455,9 @@ def default_config(registry: Registry | None = None, base_dir: Path | None = Non
         }
         item.update(plugin.default_listener())
         listeners.append(item)
-    data = {"gateway": {"data_dir": "data"}, "listeners": listeners}
+    data = {
+        "gateway": {"data_dir": "data"},
+        "metrics": {"bind": f"127.0.0.1:{DEFAULT_METRICS_PORT}"},
+        "listeners": listeners,
+    }
     return parse(data, source="<embedded default>", base_dir=base_dir, registry=registry)

@@ -22,6 +22,7 @@ import trio
 from .destination import Subscription
 from .errors import ProtocolError
 from .hub import Hub
+from .metrics import Metrics
 from .model import PeerIdentity, Source
 from .routing import UPSTREAM_PREFIX
 
@@ -142,11 +143,14 @@ class ServerConnection:
         listener: ListenerSettings,
         hub: Hub,
         shutdown: trio.Event,
+        metrics: Metrics | None = None,
     ) -> None:
         self.stream = stream
         self.info = info
         self.listener = listener
         self.hub = hub
+        #: The gateway's metrics; a protocol adds its families here, labelled by listener.
+        self.metrics = metrics or Metrics()
         #: Set when the gateway starts draining: finish in-flight work, take no new.
         self.shutdown = shutdown
         self.log = PrefixLogger(
@@ -221,9 +225,21 @@ class UpstreamContext:
 
     group = "upstream"
 
-    def __init__(self, settings: UpstreamSettings, hub: Hub, connector: Any) -> None:
+    def __init__(
+        self,
+        settings: UpstreamSettings,
+        hub: Hub,
+        connector: Any,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.settings = settings
         self.hub = hub
+        #: The gateway's metrics; a protocol adds its families here, labelled by upstream.
+        self.metrics = metrics or Metrics()
+        labels = {"upstream": settings.name}
+        self._connects = self.metrics.upstream_connects.labels(**labels)
+        self._failures = self.metrics.upstream_failures.labels(**labels)
+        self._connected = self.metrics.upstream_connected.labels(**labels)
         self.name = settings.name
         self.destination = UPSTREAM_PREFIX + settings.name
         self._connector = connector
@@ -271,18 +287,24 @@ class UpstreamContext:
             try:
                 stream, info = await self.connect()
             except OSError as e:
+                self._failures.inc()
                 delay = self.backoff.next_delay()
                 self.log.warning("cannot connect (%s); retrying in %gs", e, delay)
                 await trio.sleep(delay)
                 continue
             self.backoff.reset()
             self.log.info("connected to %s", info.peer)
+            self._connects.inc()
+            self._connected.set(1)
             try:
                 async with stream:
                     await session(stream, info)
                 continue
             except* _CONNECTION_LOST as eg:
+                self._failures.inc()
                 self.log.warning("connection to %s lost: %s", info.peer, eg.exceptions[0])
+            finally:
+                self._connected.set(0)
             await self.backoff.sleep()
 
     def subscribe(

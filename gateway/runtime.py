@@ -16,9 +16,12 @@ import ssl
 from dataclasses import dataclass, field
 
 import trio
+from prometheus_client import Counter
 
 from .config import Config
 from .hub import Hub
+from .metrics import Metrics
+from .metrics_http import serve_metrics
 from .plugin import (
     ConnectionInfo,
     ListenerSettings,
@@ -41,20 +44,24 @@ _LOST = (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, Conne
 
 
 class _TrackedStream(trio.abc.Stream):
-    """Passes everything through, recording the time of each transfer."""
+    """Passes everything through, recording the time and size of each transfer."""
 
-    def __init__(self, inner: trio.abc.Stream, conn: ServerConnection | None = None) -> None:
+    def __init__(self, inner: trio.abc.Stream, received: Counter, sent: Counter) -> None:
         self.inner = inner
-        self.conn = conn
+        self.conn: ServerConnection | None = None
+        self._received = received
+        self._sent = sent
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         data = await self.inner.receive_some(max_bytes)
+        self._received.inc(len(data))
         if self.conn is not None:
             self.conn.touch()
         return data
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self.inner.send_all(data)
+        self._sent.inc(len(data))
         if self.conn is not None:
             self.conn.touch()
 
@@ -100,6 +107,9 @@ class Gateway:
         self._connection_ended = trio.lowlevel.ParkingLot()
         #: True once every in-flight publish settled within the drain deadline.
         self.drained_cleanly: bool | None = None
+        self.metrics = Metrics()
+        #: Where ``GET /metrics`` is served (real ports), once running.
+        self.metrics_addresses: list[str] = []
 
     # -- public ----------------------------------------------------------------
     @property
@@ -123,6 +133,8 @@ class Gateway:
                 for up in self.config.upstreams:
                     self.hub.destination(f"upstream:{up.name}").declare_group(UpstreamContext.group)
                     work.start_soon(self._run_upstream, up, name=f"upstream {up.name}")
+                if self.config.metrics_bind is not None:
+                    await work.start(self._serve_metrics, self.config.metrics_bind)
                 for ls in self.config.listeners:
                     await work.start(self._serve_listener, ls, name=f"listener {ls.name}")
                 log.info(
@@ -164,6 +176,19 @@ class Gateway:
                 self.hub.inflight,
                 deadline,
             )
+
+    async def _serve_metrics(
+        self, bind: str, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        transport = self.registry.socket_transport(bind)
+        try:
+            listeners = await transport.listen(bind)
+        except OSError as e:
+            raise OSError(e.errno, f"metrics cannot bind {bind}: {e.strerror or e}") from None
+        self.metrics_addresses = [transport.listener_name(sl) for sl in listeners]
+        log.info("metrics: GET /metrics on %s", " ".join(self.metrics_addresses))
+        task_status.started()
+        await serve_metrics(self.metrics, listeners)
 
     # -- listeners ---------------------------------------------------------------
     async def _serve_listener(
@@ -224,6 +249,10 @@ class Gateway:
         ls = state.settings
         peer = state.transport.peer_name(stream)
         plog = logging.getLogger(f"gateway.protocol.{ls.protocol}")
+        self.metrics.connections.labels(listener=ls.name).inc()
+        open_gauge = self.metrics.connections_open.labels(listener=ls.name)
+        open_gauge.inc()
+        errors = self.metrics.connection_errors.labels(listener=ls.name)
         try:
             try:
                 identity = None
@@ -240,8 +269,12 @@ class Gateway:
                     identity=identity,
                     tls=state.tls_context is not None,
                 )
-                tracked = _TrackedStream(stream)
-                conn = ServerConnection(tracked, info, ls, self.hub, self.draining)
+                tracked = _TrackedStream(
+                    stream,
+                    self.metrics.bytes_received.labels(listener=ls.name),
+                    self.metrics.bytes_sent.labels(listener=ls.name),
+                )
+                conn = ServerConnection(tracked, info, ls, self.hub, self.draining, self.metrics)
                 tracked.conn = conn
                 async with trio.open_nursery() as nursery:
                     if ls.idle_timeout > 0:
@@ -249,14 +282,17 @@ class Gateway:
                     await state.plugin.serve(conn)
                     nursery.cancel_scope.cancel()
             except* trio.TooSlowError:
+                errors.inc()
                 plog.warning("[%s %s] TLS handshake timed out; closing", ls.name, peer)
             except* _LOST as eg:
                 plog.info("[%s %s] connection lost: %s", ls.name, peer, _first(eg))
             except* Exception as eg:
+                errors.inc()
                 plog.error(
                     "[%s %s] connection failed; closing it", ls.name, peer, exc_info=_first(eg)
                 )
         finally:
+            open_gauge.dec()
             state.connections -= 1
             self._connection_ended.unpark_all()
             await trio.aclose_forcefully(stream)
@@ -290,7 +326,7 @@ class Gateway:
                 tls=tls_context is not None,
             )
 
-        ctx = UpstreamContext(up, self.hub, connector)
+        ctx = UpstreamContext(up, self.hub, connector, self.metrics)
         while True:
             try:
                 await plugin.run_upstream(ctx)

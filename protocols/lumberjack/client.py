@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import operator
 import ssl
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -37,10 +38,12 @@ from gateway.errors import RemoteProtocolError
 
 from . import NEED_DATA, Ack, ClientCodec, ConnectionClosed
 from .mapping import to_payload
+from .metrics import ClientMetrics
 
 __all__ = ["ClientSettings", "LumberjackClient", "forward"]
 
 RECEIVE_SIZE = 65536
+_REDELIVERED = operator.itemgetter(2)  # Delivery.redelivered
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +69,12 @@ class ClientSettings:
 
 
 class _Sent:
-    __slots__ = ("acked", "tags")
+    __slots__ = ("acked", "sent_at", "tags")
 
     def __init__(self, tags: list[int]) -> None:
         self.tags = tags
         self.acked = 0
+        self.sent_at = trio.current_time()
 
 
 class _Forwarder:
@@ -80,11 +84,13 @@ class _Forwarder:
         sub: Subscription,
         settings: ClientSettings,
         log: logging.Logger | logging.LoggerAdapter,
+        metrics: ClientMetrics,
     ) -> None:
         self.stream = stream
         self.sub = sub
         self.s = settings
         self.log = log
+        self.metrics = metrics
         self.codec = ClientCodec(version=settings.version)
         self.inflight: deque[_Sent] = deque()
         self.changed = trio.lowlevel.ParkingLot()
@@ -106,10 +112,16 @@ class _Forwarder:
             self.timer.deadline = math.inf
 
     async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.send_loop)
-            await self.receive_loop()
-            nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.send_loop)
+                await self.receive_loop()
+                nursery.cancel_scope.cancel()
+        except BaseException:
+            unacked = sum(len(sent.tags) - sent.acked for sent in self.inflight)
+            if unacked:
+                self.metrics.events_failed.inc(unacked)
+            raise
 
     async def send_loop(self) -> None:
         born = trio.current_time()
@@ -135,6 +147,11 @@ class _Forwarder:
                 [to_payload(d.message, s.metadata) for d in deliveries],
                 compression_level=s.compression_level,
             )
+            resent = sum(map(_REDELIVERED, deliveries))
+            if resent:
+                self.metrics.events_resent.inc(resent)
+            self.metrics.windows.inc()
+            self.metrics.window_events.observe(len(deliveries))
             if not self.inflight:
                 self.last_ack = self.last_progress = trio.current_time()
             self.inflight.append(_Sent([d.tag for d in deliveries]))
@@ -178,10 +195,12 @@ class _Forwarder:
             return
         self.sub.ack_many(head.tags[head.acked : seq])
         self.acked_events += seq - head.acked
+        self.metrics.events_acked.inc(seq - head.acked)
         head.acked = seq
         self.last_progress = self.last_ack
         if seq == len(head.tags):
             self.inflight.popleft()
+            self.metrics.ack_latency.observe(self.last_ack - head.sent_at)
             self._wake()
 
 
@@ -191,6 +210,7 @@ async def forward(
     settings: ClientSettings | None = None,
     *,
     logger: logging.Logger | logging.LoggerAdapter | None = None,
+    metrics: ClientMetrics | None = None,
 ) -> int:
     """Send ``sub``'s deliveries as windows over ``stream`` until it fails or its TTL ends.
 
@@ -198,7 +218,13 @@ async def forward(
     number of events acked. Raises on a lost connection, timeout or protocol
     error; deliveries not acked then are redelivered when ``sub`` closes.
     """
-    f = _Forwarder(stream, sub, settings or ClientSettings(), logger or logging.getLogger(__name__))
+    f = _Forwarder(
+        stream,
+        sub,
+        settings or ClientSettings(),
+        logger or logging.getLogger(__name__),
+        metrics or ClientMetrics(),
+    )
     await f.run()
     return f.acked_events
 

@@ -218,6 +218,8 @@ class ServerCodec(_Receiver):
         #: Size of the last non-empty ``W``: data frames after a full window
         #: start a window of this size. 0 while no ``W`` was seen.
         self._sticky = 0
+        #: Bytes inflated from ``C`` frames so far (for metrics).
+        self.inflated_bytes = 0
 
     @property
     def state(self) -> State:
@@ -508,6 +510,7 @@ class ServerCodec(_Receiver):
                 src = b""
         if inflater.unused_data:
             raise RemoteProtocolError("bytes after the zlib stream in a C frame")
+        self.inflated_bytes += total
         return b"".join(parts)
 
 

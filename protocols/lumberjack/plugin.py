@@ -13,6 +13,7 @@ from typing import Any
 
 import trio
 
+from gateway.metrics import Metrics
 from gateway.plugin import (
     ConnectionInfo,
     Option,
@@ -25,6 +26,7 @@ from gateway.receipts import Receipt
 from . import Limits, Window
 from .client import ClientSettings, forward
 from .mapping import beats_metadata, enrichment, to_messages
+from .metrics import ClientMetrics, ServerMetrics
 from .server import ServerSettings, serve_connection
 
 __all__ = ["LumberjackPlugin", "plugin"]
@@ -126,7 +128,13 @@ class LumberjackPlugin(ProtocolPlugin):
 
         conn.pending = lambda: pending > 0
         await serve_connection(
-            conn.stream, sink, settings, logger=conn.log, shutdown=conn.shutdown, on_ack=acked
+            conn.stream,
+            sink,
+            settings,
+            logger=conn.log,
+            shutdown=conn.shutdown,
+            on_ack=acked,
+            metrics=server_metrics(conn.metrics, conn.listener.name),
         )
 
     async def run_upstream(self, ctx: UpstreamContext) -> None:
@@ -146,12 +154,73 @@ class LumberjackPlugin(ProtocolPlugin):
             ),
         )
 
+        metrics = client_metrics(ctx.metrics, ctx.name)
+
         async def session(stream: trio.abc.Stream, info: ConnectionInfo) -> None:
             with ctx.subscribe(max_unacked=settings.bulk_max_size * settings.pipelining) as sub:
-                acked = await forward(stream, sub, settings, logger=ctx.log)
+                acked = await forward(stream, sub, settings, logger=ctx.log, metrics=metrics)
             ctx.log.info("closed after its TTL (%d events acked); reconnecting", acked)
 
         await ctx.run_sessions(session)
+
+
+def server_metrics(metrics: Metrics, listener: str) -> ServerMetrics:
+    """The listener's families in the gateway's metrics (created on first use)."""
+    labels = ["listener"]
+    ack_latency = metrics.histogram(
+        "lumberjack_ack_latency_seconds",
+        "Time from a window's last byte to its ack on the wire.",
+        labels,
+    )
+    return ServerMetrics(
+        windows=metrics.counter("lumberjack_windows", "Windows received.", labels).labels(listener),
+        events=metrics.counter("lumberjack_events", "Events received.", labels).labels(listener),
+        keepalives=metrics.counter(
+            "lumberjack_keepalives", "Keepalive acks (A 0) sent while a window waited.", labels
+        ).labels(listener),
+        inflated_bytes=metrics.counter(
+            "lumberjack_inflated_bytes", "Bytes inflated from C frames.", labels
+        ).labels(listener),
+        protocol_errors=metrics.counter(
+            "lumberjack_protocol_errors",
+            "Connections closed for breaking the protocol or timing out.",
+            labels,
+        ).labels(listener),
+        refused_windows=metrics.counter(
+            "lumberjack_refused_windows",
+            "Windows not delivered to every target (closed without an ack).",
+            labels,
+        ).labels(listener),
+        ack_latency=ack_latency.labels(listener),
+    )
+
+
+def client_metrics(metrics: Metrics, upstream: str) -> ClientMetrics:
+    """The upstream's families in the gateway's metrics (created on first use)."""
+    labels = ["upstream"]
+
+    def counter(name: str, doc: str) -> Any:
+        return metrics.counter(f"lumberjack_upstream_{name}", doc, labels).labels(upstream)
+
+    return ClientMetrics(
+        windows=counter("windows", "Windows sent."),
+        events_acked=counter("events_acked", "Events the server acked."),
+        events_resent=counter("events_resent", "Events sent again after a failed connection."),
+        events_failed=counter(
+            "events_failed", "Events unacked when a connection failed (they are resent)."
+        ),
+        window_events=metrics.histogram(
+            "lumberjack_upstream_window_events",
+            "Events per window sent.",
+            labels,
+            buckets=(1, 8, 64, 256, 512, 1024, 2048, 4096, 10_000),
+        ).labels(upstream),
+        ack_latency=metrics.histogram(
+            "lumberjack_upstream_ack_latency_seconds",
+            "Time from a window going out to the ack covering all of it.",
+            labels,
+        ).labels(upstream),
+    )
 
 
 def _version() -> str:

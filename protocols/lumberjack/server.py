@@ -29,8 +29,9 @@ from gateway.model import Outcome
 from gateway.receipts import Receipt
 
 from . import NEED_DATA, Ack, ConnectionClosed, Limits, ServerCodec, Window
+from .metrics import ServerMetrics
 
-__all__ = ["ServerSettings", "WindowSink", "serve_connection"]
+__all__ = ["ServerMetrics", "ServerSettings", "WindowSink", "serve_connection"]
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +56,12 @@ class ServerSettings:
 class _Pending:
     """A window between hand-off and ack."""
 
-    __slots__ = ("receipt", "window")
+    __slots__ = ("receipt", "received_at", "window")
 
     def __init__(self, window: Window) -> None:
         self.window = window
         self.receipt: Receipt | None = None
+        self.received_at = trio.current_time()
 
 
 class _Session:
@@ -70,10 +72,12 @@ class _Session:
         settings: ServerSettings,
         logger: logging.Logger | logging.LoggerAdapter,
         on_ack: Callable[[Window], None] | None = None,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self.stream = stream
         self.sink = sink
         self.on_ack = on_ack
+        self.metrics = metrics or ServerMetrics()
         self.settings = settings
         self.log = logger
         self.codec = ServerCodec(settings.limits)
@@ -123,12 +127,18 @@ class _Session:
                 )
             codec.receive_data(data)
             while True:
+                inflated = codec.inflated_bytes
                 event = codec.next_event()  # RemoteProtocolError closes the connection
+                if codec.inflated_bytes > inflated:
+                    self.metrics.inflated_bytes.inc(codec.inflated_bytes - inflated)
                 if event is NEED_DATA:
                     break
                 if isinstance(event, ConnectionClosed):
                     return
                 assert isinstance(event, Window)
+                self.metrics.windows.inc()
+                if event.events:
+                    self.metrics.events.inc(len(event.events))
                 await self.hand_off(event)
             window_timer = self._window_timer()
 
@@ -167,8 +177,10 @@ class _Session:
                 self.pending.popleft()
                 self.wake()
                 if receipt.outcome is not Outcome.DELIVERED:
+                    self.metrics.refused_windows.inc()
                     raise _NotAccepted(head.window, receipt)
                 await self.send(Ack(head.window.version, head.window.highest_seq))
+                self.metrics.ack_latency.observe(trio.current_time() - head.received_at)
                 if self.on_ack is not None:
                     self.on_ack(head.window)
                 last_sent = trio.current_time()
@@ -181,6 +193,7 @@ class _Session:
                 # sequence would read, to a client whose sequences restart at 1
                 # (Beats), as an ack of this window before it is safe.
                 await self.send(Ack(head.window.version, 0))
+                self.metrics.keepalives.inc()
                 last_sent = trio.current_time()
 
     async def send(self, ack: Ack) -> None:
@@ -210,6 +223,7 @@ async def serve_connection(
     logger: logging.Logger | logging.LoggerAdapter | None = None,
     shutdown: trio.Event | None = None,
     on_ack: Callable[[Window], None] | None = None,
+    metrics: ServerMetrics | None = None,
 ) -> None:
     """Serve one Lumberjack connection until the client closes it or breaks the protocol.
 
@@ -218,13 +232,18 @@ async def serve_connection(
     ``on_ack(window)`` is called once a window's ack has been written.
     Protocol errors, refused windows and timeouts are logged and end the
     connection (the caller closes the stream); nothing unsafe is ever acked.
+    ``metrics`` says where to count windows, events, keepalives and errors.
     """
     logger = logger or log
+    metrics = metrics or ServerMetrics()
+    session = _Session(stream, sink, settings or ServerSettings(), logger, on_ack, metrics)
     try:
-        await _Session(stream, sink, settings or ServerSettings(), logger, on_ack).run(shutdown)
+        await session.run(shutdown)
     except* RemoteProtocolError as eg:
+        metrics.protocol_errors.inc()
         logger.warning("protocol error: %s; closing", eg.exceptions[0])
     except* _NotAccepted as eg:
         logger.warning("%s", eg.exceptions[0])
     except* trio.TooSlowError as eg:
+        metrics.protocol_errors.inc()
         logger.warning("%s; closing", eg.exceptions[0] or "ack write timed out")
