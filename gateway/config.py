@@ -246,7 +246,7 @@ def parse(
     ]
     _unique(errors, "listeners", [(i, ls.name) for i, ls in indexed_listeners], "name")
     # Port 0 asks the OS for a free port: several such binds never collide.
-    fixed_binds = [(i, ls.bind) for i, ls in indexed_listeners if not ls.bind.endswith(":0")]
+    fixed_binds = [(i, ls.bind) for i, ls in indexed_listeners if not _any_port(ls.bind)]
     _unique(errors, "listeners", fixed_binds, "bind")
     _unique(errors, "upstreams", [(i, up.name) for i, up in indexed_upstreams], "name")
     listeners = [ls for _, ls in indexed_listeners]
@@ -281,7 +281,7 @@ def parse(
     if metrics is not None and metrics.ok:
         metrics_bind = metrics.get("bind", "str", check=_check_address(registry))
         metrics.finish()
-        if metrics_bind is not None and not metrics_bind.endswith(":0"):
+        if metrics_bind is not None and not _any_port(metrics_bind):
             for i, ls in indexed_listeners:
                 if ls.bind == metrics_bind:
                     errors.add(metrics.key("bind"), f"is also the bind of listeners[{i}]")
@@ -290,6 +290,11 @@ def parse(
     if errors.items:
         raise ConfigError(errors.items)
     return Config(gateway, listeners, upstreams, routes, metrics_bind=metrics_bind)
+
+
+def _any_port(bind: str) -> bool:
+    """A TCP bind to port 0 (the OS picks a free port); ``unix:/x:0`` is a path."""
+    return bind.endswith(":0") and not bind.startswith("unix:")
 
 
 def _array(root: _Table, name: str, errors: _Errors) -> list[Any]:

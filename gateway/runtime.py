@@ -204,6 +204,14 @@ class Gateway:
             raise OSError(e.errno, f"listener {ls.name!r} cannot bind {ls.bind}: {e.strerror or e}")
         state.addresses = [transport.listener_name(sl) for sl in listeners]
         self._listeners[ls.name] = state
+        for family in (
+            self.metrics.connections,
+            self.metrics.connections_open,
+            self.metrics.connection_errors,
+            self.metrics.bytes_received,
+            self.metrics.bytes_sent,
+        ):
+            family.labels(listener=ls.name)  # every series from 0, before any connection
         try:
             async with trio.open_nursery() as nursery:
                 with state.accept_scope:

@@ -456,6 +456,18 @@ def test_duplicate_binds(tmp_path: Path, registry: Registry) -> None:
     assert len(errors) == 1
 
 
+def test_port_zero_binds_may_repeat_but_unix_paths_ending_in_zero_may_not(
+    tmp_path: Path, registry: Registry
+) -> None:
+    any_port = LISTENER.replace('"127.0.0.1:5044"', '"127.0.0.1:0"')
+    path = write(tmp_path, any_port + any_port.replace('"in"', '"other"'))
+    assert [ls.bind for ls in load(path, registry).listeners] == ["127.0.0.1:0"] * 2
+    unix = LISTENER.replace('"127.0.0.1:5044"', f'"unix:{tmp_path}/gw:0"')
+    path = write(tmp_path, unix + unix.replace('"in"', '"other"'))
+    errors = config_errors(path, registry)
+    assert_error(errors, path, "listeners[1].bind", "duplicate")
+
+
 def test_duplicate_reported_at_the_index_in_the_file(tmp_path: Path, registry: Registry) -> None:
     """An invalid listener before the duplicates must not shift the reported index."""
     broken = LISTENER.replace('"in"', '"first"').replace('"fake"', '"nope"')

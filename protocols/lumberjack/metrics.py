@@ -49,7 +49,7 @@ class ServerMetrics:
     protocol_errors: Count = NOTHING
     #: Windows whose receipt was not "delivered" (closed without an ack).
     refused_windows: Count = NOTHING
-    #: Seconds from a window's last byte to its ack on the wire.
+    #: Seconds from a window's last byte to its ack being written.
     ack_latency: Observe = NOTHING
 
 

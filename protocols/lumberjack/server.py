@@ -179,8 +179,9 @@ class _Session:
                 if receipt.outcome is not Outcome.DELIVERED:
                     self.metrics.refused_windows.inc()
                     raise _NotAccepted(head.window, receipt)
-                await self.send(Ack(head.window.version, head.window.highest_seq))
+                # Counted as the ack goes out, so that whoever reads it sees it counted.
                 self.metrics.ack_latency.observe(trio.current_time() - head.received_at)
+                await self.send(Ack(head.window.version, head.window.highest_seq))
                 if self.on_ack is not None:
                     self.on_ack(head.window)
                 last_sent = trio.current_time()
