@@ -37,12 +37,13 @@ from gateway.destination import Subscription
 from gateway.errors import RemoteProtocolError
 
 from . import NEED_DATA, Ack, ClientCodec, ConnectionClosed
-from .mapping import to_payload
+from .mapping import to_payloads
 from .metrics import ClientMetrics
 
 __all__ = ["ClientSettings", "LumberjackClient", "forward"]
 
 RECEIVE_SIZE = 65536
+_MESSAGE = operator.itemgetter(1)  # Delivery.message
 _REDELIVERED = operator.itemgetter(2)  # Delivery.redelivered
 
 
@@ -144,7 +145,7 @@ class _Forwarder:
             else:
                 deliveries = await self.sub.receive(s.bulk_max_size)
             wire = self.codec.send_window(
-                [to_payload(d.message, s.metadata) for d in deliveries],
+                to_payloads(list(map(_MESSAGE, deliveries)), s.metadata),
                 compression_level=s.compression_level,
             )
             resent = sum(map(_REDELIVERED, deliveries))

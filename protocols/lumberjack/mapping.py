@@ -19,7 +19,7 @@ import functools
 import json
 import operator
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from itertools import repeat
 from types import MappingProxyType
 from typing import Any, cast
@@ -39,6 +39,7 @@ __all__ = [
     "parse_event",
     "to_messages",
     "to_payload",
+    "to_payloads",
 ]
 
 JSON = "application/json"
@@ -213,6 +214,32 @@ def beats_metadata(beat: str, type_: str, version: str) -> bytes:
     return b'"@metadata":' + json.dumps(value, separators=(",", ":")).encode()
 
 
+_METADATA_PROBES = msgspec.json.Decoder(list[_MetadataProbe])
+_METADATA = operator.attrgetter("metadata")
+_BODY = operator.attrgetter("body")
+
+
+def to_payloads(messages: Sequence[Message], metadata: bytes = b"") -> list[bytes]:
+    """:func:`to_payload` of each message, in C-level loops when every body is a JSON object."""
+    bodies = list(map(_BODY, messages))
+    if not _all_json_objects(bodies):
+        return [to_payload(m, metadata) for m in messages]
+    if not metadata:
+        return bodies
+    # Each body is one whole JSON object, so joined they are an array of exactly
+    # these objects, in order: one read finds which have a top-level @metadata.
+    try:
+        probes = _METADATA_PROBES.decode(b"[" + b",".join(bodies) + b"]")
+    except RecursionError:  # an object at the nesting limit: one level deeper here
+        return [to_payload(m, metadata) for m in messages]
+    has = list(map(operator.is_not, map(_METADATA, probes), repeat(msgspec.UNSET)))
+    if all(has):
+        return bodies
+    return [
+        body if ok else _add_metadata(body, metadata) for body, ok in zip(bodies, has, strict=True)
+    ]
+
+
 def to_payload(message: Message, metadata: bytes = b"") -> bytes:
     """The JSON object to send for ``message`` in a ``J`` frame.
 
@@ -226,12 +253,7 @@ def to_payload(message: Message, metadata: bytes = b"") -> bytes:
     else:
         has_metadata = False if json_object_error(body) is None else None
     if has_metadata is not None:  # a JSON object
-        if metadata and not has_metadata:
-            # Spliced in after the "{": the rest of the object stays byte for byte.
-            brace = len(body) - len(body.lstrip(_JSON_WHITESPACE))
-            empty = body[brace + 1 :].lstrip(_JSON_WHITESPACE)[:1] == b"}"
-            return body[: brace + 1] + metadata + (b"" if empty else b",") + body[brace + 1 :]
-        return body
+        return _add_metadata(body, metadata) if metadata and not has_metadata else body
     obj: dict[str, Any] = {}
     if body or not message.headers:
         obj["message"] = body.decode("utf-8", "replace")
@@ -241,6 +263,16 @@ def to_payload(message: Message, metadata: bytes = b"") -> bytes:
     if metadata and "@metadata" not in obj:
         text = b"{" + metadata + b"," + text[1:]
     return text
+
+
+def _add_metadata(body: bytes, metadata: bytes) -> bytes:
+    """The JSON object ``body`` with the member ``metadata`` spliced in after its "{".
+
+    The rest of the object stays byte for byte.
+    """
+    brace = len(body) - len(body.lstrip(_JSON_WHITESPACE))
+    empty = body[brace + 1 :].lstrip(_JSON_WHITESPACE)[:1] == b"}"
+    return body[: brace + 1] + metadata + (b"" if empty else b",") + body[brace + 1 :]
 
 
 def _has_metadata(body: bytes) -> bool | None:

@@ -11,12 +11,14 @@ from hypothesis import strategies as st
 
 from gateway.errors import RemoteProtocolError
 from gateway.model import Message, Source
+from protocols.lumberjack import mapping
 from protocols.lumberjack.mapping import (
     JSON,
     beats_metadata,
     json_object_error,
     to_messages,
     to_payload,
+    to_payloads,
 )
 
 SOURCE = Source("lumberjack", "beats", "127.0.0.1:1")
@@ -222,3 +224,44 @@ def test_wrapped_bodies_get_metadata_too() -> None:
     assert json.loads(out) == {"@metadata": METADATA_VALUE, "line": "x"}
     # Without metadata, nothing is added.
     assert to_payload(Message("d", b'{"a":1}', {}, JSON)) == b'{"a":1}'
+
+
+_bodies = st.one_of(
+    st.dictionaries(
+        st.sampled_from(["@metadata", "message", "a"]), _strict_json_values, max_size=3
+    ).map(lambda v: json.dumps(v).encode()),
+    st.sampled_from(
+        [b" {}", b"{} ", b"[]", b"text", b"", b'{"a":"\xff"}', b'{"x":{"@metadata":1}}']
+    ),
+    st.binary(max_size=8),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(_bodies, st.sampled_from([{}, {"k": "v"}])), min_size=1, max_size=6),
+    st.sampled_from([b"", METADATA]),
+)
+def test_a_window_of_payloads_is_each_message_s_payload(
+    items: list[tuple[bytes, dict[str, str]]], metadata: bytes
+) -> None:
+    """The window-at-a-time path agrees with the one-message path, whatever the bodies."""
+    messages = [Message("d", body, headers) for body, headers in items]
+    assert to_payloads(messages, metadata) == [to_payload(m, metadata) for m in messages]
+
+
+def test_a_window_too_deep_to_read_as_one_array_falls_back_to_each_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Joined into one array, an object at msgspec's nesting limit is one level too deep
+    (msgspec's limit is Python's recursion limit, so where it falls depends on the call
+    stack): the window is then read one message at a time."""
+
+    class TooDeep:
+        def decode(self, data: bytes) -> None:
+            raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(mapping, "_METADATA_PROBES", TooDeep())
+    messages = [Message("d", b'{"a":1}'), Message("d", b'{"@metadata":{}}')]
+    assert to_payloads(messages, METADATA) == [to_payload(m, METADATA) for m in messages]
+    assert json.loads(to_payloads(messages, METADATA)[0])["@metadata"] == METADATA_VALUE
