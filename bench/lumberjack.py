@@ -60,6 +60,7 @@ import ssl
 import sys
 import tempfile
 import time
+import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -842,7 +843,9 @@ def check_gateway(problems: list[str], result: Result, name: str, gw: RunningGat
 
 
 async def _run_lumberjack(args: argparse.Namespace) -> Result:
-    window = encode_window(2, make_events(args.events, args.size), args.level)
+    window = encode_window(
+        2, make_events(args.events, args.size), args.level, compress=zlib.compress
+    )
     result = Result(params=_params(args, args.mode, window))
     if args.profile is not None:
         result.params["profiled"] = True
@@ -879,7 +882,9 @@ async def _run_lumberjack(args: argparse.Namespace) -> Result:
 
 
 async def _run_relay(args: argparse.Namespace) -> Result:
-    window = encode_window(2, make_events(args.events, args.size), args.level)
+    window = encode_window(
+        2, make_events(args.events, args.size), args.level, compress=zlib.compress
+    )
     result = Result(params=_params(args, "subprocess", window))
     if args.profile is not None:
         result.params["profiled"] = True

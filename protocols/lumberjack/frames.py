@@ -18,11 +18,18 @@ what :class:`~protocols.lumberjack.ClientCodec` sends. The decoders live in
 from __future__ import annotations
 
 import struct
+import types
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 from gateway.errors import LocalProtocolError
+
+_isal_zlib: types.ModuleType | None
+try:  # ISA-L deflates about 7 times faster than zlib (see deflate)
+    from isal import isal_zlib as _isal_zlib
+except ImportError:  # pragma: no cover - a platform without an isal wheel
+    _isal_zlib = None
 
 __all__ = [
     "FRAME_ACK",
@@ -38,6 +45,7 @@ __all__ = [
     "VERSION_2",
     "compressed_frame",
     "data_frame",
+    "deflate",
     "encode_ack",
     "encode_window",
     "json_frame",
@@ -105,9 +113,21 @@ def data_frame(version: int, seq: int, fields: Mapping[str, str]) -> bytes:
     return b"".join(parts)
 
 
+def deflate(data: bytes, level: int) -> bytes:
+    """``data`` as a zlib stream, at a zlib ``level`` of 1 to 9.
+
+    Where ISA-L is installed it compresses, about 7 times faster than zlib at
+    level 3 and a little smaller: levels 1-3 use its level 1, 4-6 its 2 and
+    7-9 its 3. Any zlib reader inflates the result.
+    """
+    if _isal_zlib is not None:
+        return bytes(_isal_zlib.compress(data, (min(max(level, 1), 9) + 2) // 3))
+    return zlib.compress(data, level)
+
+
 def compressed_frame(version: int, frames: bytes, level: int = 3) -> bytes:
     """``C len zlib(frames)``: ``frames`` must be whole frames."""
-    packed = zlib.compress(frames, level)
+    packed = deflate(frames, level)
     header = HEADER6.pack(_version_byte(version), FRAME_COMPRESSED, _u32(len(packed), "C length"))
     return header + packed
 
@@ -122,11 +142,15 @@ def encode_window(
     payloads: Sequence[bytes],
     compression_level: int = 3,
     first_seq: int = 1,
+    *,
+    compress: Callable[[bytes, int], bytes] = deflate,
 ) -> bytes:
     """One window as Beats sends it: ``W n`` + one ``C`` holding ``n`` ``J`` frames.
 
     The ``J`` frames are numbered ``first_seq .. first_seq + n - 1``. Level 0
     sends the ``J`` frames bare (no ``C``); an empty window is ``W 0`` alone.
+    ``compress(frames, level)`` makes the ``C`` payload (``zlib.compress`` for
+    exactly what Beats sends).
     """
     vb = _version_byte(version)
     n = len(payloads)
@@ -146,7 +170,7 @@ def encode_window(
     frames = b"".join(parts)
     if not compression_level:
         return head + frames
-    packed = zlib.compress(frames, compression_level)
+    packed = compress(frames, compression_level)
     return b"".join(
         (head, HEADER6.pack(vb, FRAME_COMPRESSED, _u32(len(packed), "C length")), packed)
     )

@@ -39,6 +39,7 @@ from protocols.lumberjack import (
     encode_ack,
     encode_window,
 )
+from protocols.lumberjack.frames import deflate
 
 MiB = 2**20
 
@@ -516,8 +517,24 @@ def test_client_level_0_is_bare_json_frames() -> None:
     wire = ClientCodec().send_window([b"{}", b"[]"], compression_level=0)
     assert wire == w(2, 2) + j(2, 1, b"{}") + j(2, 2, b"[]")
     wire = ClientCodec().send_window([b"{}", b"[]"])
-    assert wire == w(2, 2) + c(2, j(2, 1, b"{}") + j(2, 2, b"[]"), 3)
+    # W 2, then one C whose zlib stream (from ISA-L or zlib) inflates to the J frames.
+    assert wire[:8] == w(2, 2) + b"2C"
+    assert struct.unpack(">I", wire[8:12])[0] == len(wire) - 12
+    assert zlib.decompress(wire[12:]) == j(2, 1, b"{}") + j(2, 2, b"[]")
     assert ClientCodec().send_window([]) == b"2W\x00\x00\x00\x00"
+
+
+@pytest.mark.parametrize("level", range(1, 10))
+def test_deflate_is_a_zlib_stream_at_every_level(level: int) -> None:
+    data = b"".join(j(2, i, b'{"n":%d,"pad":"%s"}' % (i, b"x" * (i % 50))) for i in range(500))
+    packed = deflate(data, level)
+    assert zlib.decompress(packed) == data
+    assert len(packed) < len(data) // 5
+
+
+def test_encode_window_compresses_with_what_it_is_given() -> None:
+    wire = encode_window(2, [b"{}"], 3, compress=zlib.compress)
+    assert wire == w(2, 1) + c(2, j(2, 1, b"{}"), 3)
 
 
 def test_encode_window_first_seq_and_bounds() -> None:
