@@ -1422,15 +1422,22 @@ async def test_a_waiting_member_wakes_when_copies_come_back(how: str) -> None:
 # -- ack_many across leases ---------------------------------------------------------------
 
 
-async def test_ack_many_stops_at_a_settled_tag_in_the_middle_lease() -> None:
+@pytest.mark.parametrize("how", ["ack", "nack", "nack_drop"])
+async def test_ack_many_stops_at_a_settled_tag_in_the_middle_lease(how: str) -> None:
+    """Twelve deliveries in three leases; one in the middle lease is settled first (by
+    an ack, a requeueing nack or a dropping nack). An ack_many of all twelve settles
+    the ones before it and raises KeyError naming it; the ones after stay unacked."""
     hub = Hub()
     sub = hub.subscribe("t")
     runs = [await hub.publish([msg(i) for i in range(j, j + 4)]) for j in (0, 4, 8)]
     got = await receive_now(sub, 3)  # lease 1: 0..2
     got += await receive_now(sub, 6)  # lease 2: 3, then 4..7 (two runs)
-    got += await receive_now(sub)  # lease 3: 8..11
+    got += await receive_now(sub, 4)  # lease 3: 8..11
     assert tags(got) == list(range(1, 13))
-    sub.ack(got[6].tag)  # settles message 6 inside the second lease
+    if how == "ack":
+        sub.ack(got[6].tag)
+    else:
+        sub.nack(got[6].tag, requeue=how == "nack")
     with pytest.raises(KeyError, match=rf"\btag {got[6].tag}\b"):
         sub.ack_many(tags(got))
     assert sub.unacked == 5, "7..11 did not settle"
@@ -1440,9 +1447,41 @@ async def test_ack_many_stops_at_a_settled_tag_in_the_middle_lease() -> None:
         sub.ack_many([got[7].tag, got[5].tag])  # 5 settled before: 7 settles, then stop
     assert sub.unacked == 4
     sub.ack_many(tags(got[8:]))
-    assert runs[1].outcome is Outcome.DELIVERED
     assert runs[2].outcome is Outcome.DELIVERED
+    if how == "nack":
+        assert not runs[1].done()
+        assert held(hub) == (1, 1, SIZE)
+        (again,) = await receive_now(sub)
+        assert (number(again), again.redelivered, again.tag) == (6, True, 13)
+        sub.ack(again.tag)
+    expected = Outcome.FAILED if how == "nack_drop" else Outcome.DELIVERED
+    assert runs[1].outcome is expected
     assert held(hub) == (0, 0, 0)
+
+
+async def test_acks_and_nacks_after_close_raise_and_settle_nothing() -> None:
+    """Closing gave the deliveries back: their old tags are gone, and must not settle
+    the copies that are now queued again."""
+    hub = Hub()
+    a = hub.subscribe("t", "g")
+    receipt = await hub.publish([msg(i) for i in range(5)])
+    got = await receive_now(a)
+    a.ack(got[1].tag)
+    a.close()
+    for tag in tags(got):
+        with pytest.raises(KeyError):
+            a.ack(tag)
+        with pytest.raises(KeyError):
+            a.nack(tag, requeue=False)
+    with pytest.raises(KeyError):
+        a.ack_many(tags(got))
+    assert held(hub, "g") == (4, 4, 4 * SIZE)
+    assert not receipt.done()
+    b = hub.subscribe("t", "g")
+    again = await receive_now(b)
+    assert numbers(again) == [0, 2, 3, 4]
+    b.ack_many(tags(again))
+    assert receipt.outcome is Outcome.DELIVERED
 
 
 @pytest.mark.parametrize(
