@@ -564,8 +564,9 @@ class TopicSubscription(Subscription):
         if self._group.waiters:
             self._group.waiters.unpark_all()
         if requeue:
+            # Back before every new copy, in publish order among the other returns.
             index = lease.lo + offset
-            g.queue.appendleft(_Slice(lease.run, index, index + 1, True))
+            _return_in_order(g, [_Slice(lease.run, index, index + 1, True)])
         else:
             self._topic._freed(g, 1, nbytes)
             lease.run.receipt.settle_leg(outcome, reason)
@@ -589,8 +590,9 @@ class TopicSubscription(Subscription):
 def _return_in_order(group: _Group, pieces: list[_Slice]) -> None:
     """Put ``pieces`` back at the head of ``group``'s queue, keeping publish order.
 
-    Only the head can be out of order (earlier nacks), so just the part of the
-    queue older than the newest returned copy is merged; accounting is the caller's.
+    Every return comes through here, so the queue stays in publish order and just
+    the part of it older than the newest returned copy is merged; accounting is the
+    caller's.
     Pieces never overlap and each holds consecutive copies, so ordering them by
     their first copy orders every copy.
     """

@@ -321,7 +321,7 @@ class _Model:
         c = self._release(m, tag)
         if requeue:
             c.redelivered = True
-            g.queue.insert(0, c)
+            self.return_in_order(g, [c])
         else:
             self._free(g, c)
             self.leg(c.n, outcome)
@@ -1534,11 +1534,6 @@ async def test_nack_in_a_partly_acked_lease_then_close_returns_the_rest_in_order
     assert receipt.outcome is Outcome.FAILED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="topic.py _return_in_order stops merging at the first queued copy not older "
-    "than the newest returned one, so a copy requeued earlier behind it stays out of order",
-)
 async def test_close_after_nacks_in_either_order_redelivers_in_publish_order() -> None:
     """Copies requeued by nacks (5, then 2) and one returned by close (3) are all
     redeliveries at the head of the queue; ``_return_in_order`` promises they come
