@@ -1,15 +1,19 @@
-"""Test helpers: run a real gateway in-process on loopback ports chosen by the OS."""
+"""Test helpers: run a real gateway in-process on loopback ports chosen by the OS, and
+drive background calls and subscriptions step by step."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
+import trio.testing
 
 from gateway.config import parse
+from gateway.destination import Delivery, Subscription
 from gateway.registry import Registry
 from gateway.runtime import Gateway
 
@@ -32,3 +36,39 @@ async def running_gateway(
 def host_port(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
+
+
+@dataclass
+class Task:
+    """A background call whose completion (or error) a test can look at."""
+
+    done: bool = False
+    result: Any = None
+    error: BaseException | None = None
+
+
+def start(nursery: trio.Nursery, fn: Callable[..., Awaitable[Any]], *args: Any) -> Task:
+    task = Task()
+
+    async def run() -> None:
+        try:
+            task.result = await fn(*args)
+        except Exception as e:
+            task.error = e
+        task.done = True
+
+    nursery.start_soon(run)
+    return task
+
+
+async def settle() -> None:
+    """Let every other task run until it blocks."""
+    await trio.testing.wait_all_tasks_blocked()
+
+
+async def receive_now(sub: Subscription, max_count: int | None = None) -> list[Delivery]:
+    """What ``receive`` returns without waiting ([] when it would block)."""
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        return await sub.receive(max_count)
+    return []

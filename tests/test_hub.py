@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from harness import Task, receive_now, settle, start
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,42 +36,6 @@ def number(d: Delivery) -> int:
 
 def numbers(deliveries: Sequence[Delivery]) -> list[int]:
     return [number(d) for d in deliveries]
-
-
-@dataclass
-class Task:
-    """A background call whose completion (or error) a test can look at."""
-
-    done: bool = False
-    result: Any = None
-    error: BaseException | None = None
-
-
-def start(nursery: trio.Nursery, fn: Callable[..., Awaitable[Any]], *args: Any) -> Task:
-    task = Task()
-
-    async def run() -> None:
-        try:
-            task.result = await fn(*args)
-        except Exception as e:
-            task.error = e
-        task.done = True
-
-    nursery.start_soon(run)
-    return task
-
-
-async def settle() -> None:
-    """Let every other task run until it blocks."""
-    await trio.testing.wait_all_tasks_blocked()
-
-
-async def receive_now(sub: Subscription, max_count: int | None = None) -> list[Delivery]:
-    """What ``receive`` returns without waiting ([] when it would block)."""
-    with trio.CancelScope() as scope:
-        scope.cancel()
-        return await sub.receive(max_count)
-    return []
 
 
 async def receive_all(sub: Subscription, n: int) -> list[Delivery]:

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from harness import Task, receive_now, settle, start
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -63,42 +64,6 @@ def numbers(deliveries: Sequence[Delivery]) -> list[int]:
 
 def tags(deliveries: Sequence[Delivery]) -> list[int]:
     return [d.tag for d in deliveries]
-
-
-@dataclass
-class Task:
-    """A background call whose completion (or error) a test can look at."""
-
-    done: bool = False
-    result: Any = None
-    error: BaseException | None = None
-
-
-def start(nursery: trio.Nursery, fn: Callable[..., Awaitable[Any]], *args: Any) -> Task:
-    task = Task()
-
-    async def run() -> None:
-        try:
-            task.result = await fn(*args)
-        except Exception as e:
-            task.error = e
-        task.done = True
-
-    nursery.start_soon(run)
-    return task
-
-
-async def settle() -> None:
-    """Let every other task run until it blocks."""
-    await trio.testing.wait_all_tasks_blocked()
-
-
-async def receive_now(sub: Subscription, max_count: int | None = None) -> list[Delivery]:
-    """What ``receive`` returns without waiting ([] when it would block)."""
-    with trio.CancelScope() as scope:
-        scope.cancel()
-        return await sub.receive(max_count)
-    return []
 
 
 def stats_of(hub: Hub) -> dict[str, Any]:
