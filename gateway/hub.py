@@ -1,26 +1,46 @@
 """The hub: routes published messages to destinations and tracks receipts.
 
 Publishing returns a :class:`~gateway.receipts.Receipt` that settles when every
-copy of every message has been delivered (acked by a subscriber) or durably
-stored; the worst outcome wins. Protocol listeners ack their senders only
-from that receipt. Destinations are created on demand: by a provider (the
-durable store) when one claims the name, else as an in-memory topic.
+copy of every message has been delivered (acked by a subscriber) or stored;
+the worst outcome wins, and each message's own result is kept. Protocol
+listeners ack their senders only from that receipt. A *call* is a publish of
+one message that wants a reply: a subscriber answers it, and the reply reaches
+the caller through the receipt, or the call fails at its deadline.
+
+Destinations are created on demand: by a provider (the ``[[destinations]]``
+table, the durable store) when one claims the name, else as an in-memory
+topic; ``upstream:NAME`` destinations are queues, so nothing routed to an
+upstream is lost while it is down.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 import logging
+import math
 import operator
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import trio
 
-from .destination import Destination, DestinationProvider, Subscription
+from .destination import (
+    Destination,
+    DestinationInfo,
+    DestinationProvider,
+    StartAt,
+    StopAt,
+    Subscription,
+)
 from .model import Message, Outcome
 from .receipts import Receipt
 from .routing import UPSTREAM_PREFIX, Router
 from .topic import Topic, TopicLimits
+
+if TYPE_CHECKING:
+    from .filters import Filter
 
 __all__ = ["Hub", "HubLimits"]
 
@@ -58,6 +78,12 @@ class Hub:
         self._inflight = 0
         self._idle = trio.lowlevel.ParkingLot()
         self._closed = False
+        #: Call deadlines: ``(reply_by, n, receipt, reason)``, soonest first.
+        self._deadlines: list[tuple[float, int, Receipt, str]] = []
+        self._deadline_ids = itertools.count()
+        self._calls = 0
+        self._timer = trio.lowlevel.ParkingLot()
+        self._timers_running = False
 
     # -- destinations -----------------------------------------------------------
     def destination(self, name: str) -> Destination:
@@ -78,13 +104,18 @@ class Hub:
             if d is not None:
                 break
         else:
-            d = Topic(name, self._topic_limits)
+            queue = name.startswith(UPSTREAM_PREFIX)
+            d = Topic(name, self._topic_limits, kind="queue" if queue else "topic")
         self._destinations[name] = d
         return d
 
     def destinations(self) -> dict[str, Destination]:
         """A snapshot of the destinations that exist now."""
         return dict(self._destinations)
+
+    def info(self, destination: str) -> DestinationInfo:
+        """What kind ``destination`` is (it is created if it does not exist yet)."""
+        return self.destination(destination).info
 
     def subscribe(
         self,
@@ -94,10 +125,19 @@ class Hub:
         credit: int | None = None,
         max_unacked: int = 1024,
         max_unacked_bytes: int | None = None,
+        start: StartAt | None = None,
+        end: StopAt | None = None,
+        filter: Filter | None = None,
     ) -> Subscription:
         """Subscribe to ``destination`` (see :meth:`Destination.subscribe`)."""
         return self.destination(destination).subscribe(
-            group, credit=credit, max_unacked=max_unacked, max_unacked_bytes=max_unacked_bytes
+            group,
+            credit=credit,
+            max_unacked=max_unacked,
+            max_unacked_bytes=max_unacked_bytes,
+            start=start,
+            end=end,
+            filter=filter,
         )
 
     # -- publishing ---------------------------------------------------------------
@@ -109,33 +149,60 @@ class Hub:
         """
         if self._closed:
             raise trio.ClosedResourceError("the hub is closed")
-        receipt = Receipt()
+        if not isinstance(messages, list):
+            messages = list(messages)
+        receipt = Receipt(len(messages))
+        await self._publish(messages, receipt)
+        return receipt
+
+    async def call(self, message: Message, timeout: float) -> Receipt:
+        """Publish ``message`` as a call: a subscriber answers it with a reply.
+
+        The receipt settles at the first reply (``receipt.reply``), or fails when
+        no reply came within ``timeout`` seconds, when nobody subscribes, or
+        when its copies were settled without a reply. Needs :meth:`run`.
+        """
+        if self._closed:
+            raise trio.ClosedResourceError("the hub is closed")
+        if not self._timers_running:
+            raise RuntimeError("calls need the hub's timers: run hub.run() in a nursery")
+        if not timeout > 0:
+            raise ValueError("a call needs a timeout above 0")
+        reply_by = trio.current_time() + timeout
+        receipt = Receipt.for_call(reply_by)
+        self._calls += 1
+        heapq.heappush(
+            self._deadlines,
+            (reply_by, next(self._deadline_ids), receipt, f"no reply within {timeout:g}s"),
+        )
+        if self._deadlines[0][2] is receipt:
+            self._timer.unpark_all()
+        receipt.add_done_callback(self._call_settled)
+        await self._publish([message], receipt)
+        return receipt
+
+    async def _publish(self, messages: list[Message], receipt: Receipt) -> None:
         self._inflight += 1
         receipt.add_done_callback(self._settled)
         try:
-            if not isinstance(messages, list):
-                messages = list(messages)
             names = list(map(_DESTINATION, messages))
             if names and names.count(names[0]) == len(names):
                 # All for one destination (a protocol's window, typically).
-                await self._route(messages, receipt)
-                return receipt
+                await self._route(messages, receipt, 0)
+                return
             # Runs of messages for one destination are routed and put together.
-            run: list[Message] = []
-            for message in messages:
-                if run and message.destination != run[0].destination:
-                    await self._route(run, receipt)
-                    run = []
-                run.append(message)
-            if run:
-                await self._route(run, receipt)
+            start = 0
+            for i in range(1, len(messages) + 1):
+                if i == len(messages) or names[i] != names[start]:
+                    await self._route(messages[start:i], receipt, start)
+                    start = i
         finally:
             # Legs already handed out still settle; the receipt settles after them.
             receipt.seal()
-        return receipt
 
-    async def _route(self, run: list[Message], receipt: Receipt) -> None:
-        """Put ``run`` (messages for one destination) into each of its targets."""
+    async def _route(self, run: list[Message], receipt: Receipt, base: int) -> None:
+        """Put ``run`` (messages ``base``… of the publish, for one destination) into
+        each of its targets."""
         name = run[0].destination
         for target in self.router.targets(name):
             copies = run
@@ -143,11 +210,40 @@ class Hub:
                 copies = [m._replace(destination=target) for m in run]
             try:
                 dest = self.destination(target)
+                if receipt.is_call and dest.info.kind == "log":
+                    raise LookupError(f"destination {target!r} is a log: it takes no calls")
             except LookupError as e:
                 receipt.add_legs(len(copies))
-                receipt.settle_legs(len(copies), Outcome.REJECTED, str(e))
+                receipt.settle_range(base, base + len(copies), Outcome.REJECTED, str(e))
                 continue
-            await dest.put_many(copies, receipt)
+            await dest.put_many(copies, receipt, base)
+
+    # -- call deadlines -------------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Expire calls at their deadlines, until cancelled (the runtime starts it)."""
+        if self._timers_running:
+            raise RuntimeError("the hub's timers are already running")
+        self._timers_running = True
+        task_status.started()
+        try:
+            while True:
+                now = trio.current_time()
+                deadlines = self._deadlines
+                while deadlines and deadlines[0][0] <= now:
+                    _, _, receipt, reason = heapq.heappop(deadlines)
+                    receipt.expire(reason)
+                with trio.move_on_at(deadlines[0][0] if deadlines else math.inf):
+                    await self._timer.park()
+        finally:
+            self._timers_running = False
+
+    def _call_settled(self, _: Receipt) -> None:
+        self._calls -= 1
+        # Answered calls stay in the heap until their deadline; drop them in
+        # bulk when they outnumber the live ones, so memory follows live calls.
+        if len(self._deadlines) > 1024 and len(self._deadlines) > 2 * self._calls:
+            self._deadlines = [d for d in self._deadlines if not d[2].done()]
+            heapq.heapify(self._deadlines)
 
     def _settled(self, _: Receipt) -> None:
         self._inflight -= 1

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
-__all__ = ["Message", "Outcome", "PeerIdentity", "Source"]
+__all__ = ["Message", "Outcome", "PeerIdentity", "Position", "Reply", "Source"]
 
 #: Bytes charged per message on top of body and headers, for buffer accounting:
 #: roughly what the Python objects of one queued message cost.
@@ -91,3 +91,31 @@ class Outcome(enum.IntEnum):
     FAILED = 1
     #: A target refused it for good (too large, not allowed, malformed).
     REJECTED = 2
+
+
+class Position(NamedTuple):
+    """Where a message sits in a destination that keeps an ordered log.
+
+    ``offset`` grows with every message stored; positions are comparable within
+    one destination and partition, and mean nothing across them. Plain topics
+    and queues keep no log, so their deliveries have no position.
+    """
+
+    offset: int
+    partition: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A subscriber's answer to a delivery that asked for one (request/reply).
+
+    ``status`` 0 is success; any other value is the service's error, numbered
+    as gRPC status codes are (ttrpc and the other protocols map theirs onto
+    them), with ``message`` saying why.
+    """
+
+    body: bytes = b""
+    headers: Mapping[str, str] = field(default_factory=lambda: _NO_HEADERS)
+    content_type: str | None = None
+    status: int = 0
+    message: str = ""

@@ -16,7 +16,7 @@ import string
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["UPSTREAM_PREFIX", "Route", "RouteError", "Router"]
+__all__ = ["UPSTREAM_PREFIX", "Route", "RouteError", "Router", "compile_glob"]
 
 UPSTREAM_PREFIX = "upstream:"
 _CACHE_LIMIT = 4096
@@ -32,7 +32,8 @@ class Route:
     to: tuple[str, ...]
 
 
-def _compile(pattern: str) -> re.Pattern[str]:
+def compile_glob(pattern: str) -> re.Pattern[str]:
+    """A regex for a name glob: ``*`` any run of characters (a group), ``?`` one."""
     parts = []
     for ch in pattern:
         if ch == "*":
@@ -68,7 +69,7 @@ class Router:
             wildcards = route.pattern.count("*") + route.pattern.count("?")
             for target in route.to:
                 _check_template(target, wildcards)
-            self._routes.append((_compile(route.pattern), route.to))
+            self._routes.append((compile_glob(route.pattern), route.to))
         self._cache: dict[str, tuple[str, ...]] = {}
 
     def targets(self, destination: str) -> tuple[str, ...]:

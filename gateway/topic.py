@@ -1,10 +1,21 @@
-"""In-memory topics: the default destination, created on first use.
+"""In-memory topics and queues: the default destinations, created on first use.
 
 Every *group* subscribed to a topic gets its own copy of each message
 (fan-out); inside a group, each copy goes to one member that pulls it
-(competing consumers). A message published while no group exists waits in
-the topic's backlog, which the first group to subscribe adopts: a topic with
-no subscriber holds messages rather than dropping them.
+(competing consumers). A message published to a topic while no group exists
+is settled at once and counted as ``discarded``: nobody listens, as with NATS
+or MQTT, and the publisher is not held. Named groups (declared in config or
+by a subscriber) outlive their members and keep collecting.
+
+A *queue* is a topic with exactly one group, which exists from the start and
+which every subscriber joins whatever group it names: each message goes to
+exactly one consumer, and messages wait for consumers to come.
+
+A group may carry a filter over headers, applied where a message is stored: a
+message that does not match costs that group no copy, no receipt leg, no
+credit and no memory. A call (request/reply) is a message whose receipt wants
+a reply; a subscriber answers it with :meth:`TopicSubscription.reply`, and
+copies of a call that was answered or expired are dropped, not delivered.
 
 Each group's buffer (queued plus delivered-but-unacked) is bounded in bytes
 and in count. A publisher waits until every group has room, so a slow group
@@ -12,9 +23,9 @@ slows its publishers: data is never dropped to make room.
 
 A leg of the publisher's receipt settles when the group acks its copy. A
 group of one (an anonymous subscriber) that leaves returns its copies: to the
-backlog if it was the last group, else they settle neutral, since the other
-groups still deliver theirs. A named group outlives its members and keeps
-collecting until the hub closes.
+backlog if it was the last group (the next group adopts them, so a copy taken
+is never lost), else they settle neutral, since the other groups still
+deliver theirs.
 
 Copies are kept per *run* (the messages of one publish), not per message: a
 group's queue holds slices of runs and a subscriber's unacked deliveries are
@@ -31,14 +42,28 @@ import operator
 from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import repeat
+from typing import TYPE_CHECKING, Literal
 
 import trio
 
-from .destination import Delivery, Destination, Subscription
-from .model import MESSAGE_OVERHEAD, Message, Outcome
+from .destination import (
+    QUEUE_GROUP,
+    Delivery,
+    Destination,
+    DestinationInfo,
+    StartAt,
+    StopAt,
+    Subscription,
+    refusal,
+)
+from .model import MESSAGE_OVERHEAD, Message, Outcome, Reply
 from .receipts import Receipt
 
-__all__ = ["Topic", "TopicLimits"]
+if TYPE_CHECKING:
+    from .filters import Filter
+
+__all__ = ["QUEUE_GROUP", "Topic", "TopicLimits"]
+
 
 _anonymous_ids = itertools.count(1)
 
@@ -68,14 +93,18 @@ def _sizes(messages: Sequence[Message]) -> list[int]:
 
 
 class _Run:
-    """The messages of one publish into a topic, shared by every group's copies.
+    """Messages of one put into a topic, shared by the groups that take them all.
 
-    Message ``i`` is copy number ``seq0 + i`` of the topic (publish order, which
-    redelivery keeps). ``fanout[i]`` counts the groups that still hold a copy of
-    message ``i``; it is ``None`` when there is one group (every copy is the only one).
+    A put is a *batch*: its message ``j`` is copy number ``seq0 + j`` of the
+    topic (publish order, which redelivery keeps) and message ``base + j`` of
+    the publisher's receipt. A run holds the whole batch (``index`` None), or,
+    for a filtered group, just the batch messages at ``index``. ``fanout[j]``
+    counts the groups that still hold a copy of batch message ``j`` (shared by
+    every run of the batch); it is ``None`` when one unfiltered group took the
+    batch (every copy is the only one).
     """
 
-    __slots__ = ("fanout", "messages", "receipt", "seq0", "sizes")
+    __slots__ = ("base", "fanout", "index", "messages", "receipt", "reply_by", "seq0", "sizes")
 
     def __init__(
         self,
@@ -84,12 +113,30 @@ class _Run:
         receipt: Receipt,
         seq0: int,
         fanout: list[int] | None,
+        base: int = 0,
+        index: list[int] | None = None,
     ) -> None:
         self.messages = messages
         self.sizes = sizes
         self.receipt = receipt
         self.seq0 = seq0
         self.fanout = fanout
+        self.base = base
+        self.index = index
+        self.reply_by = receipt.reply_by
+
+    def local(self, i: int) -> int:
+        """The batch index of this run's message ``i``."""
+        return i if self.index is None else self.index[i]
+
+    def settle(self, lo: int, hi: int, outcome: Outcome | None, reason: str = "") -> None:
+        """Settle the legs of this run's messages ``lo`` to ``hi`` alike."""
+        if self.index is None:
+            self.receipt.settle_range(self.base + lo, self.base + hi, outcome, reason)
+            return
+        base, index, settle = self.base, self.index, self.receipt.settle_range
+        for i in range(lo, hi):
+            settle(base + index[i], base + index[i] + 1, outcome, reason)
 
 
 class _Slice:
@@ -106,7 +153,11 @@ class _Slice:
 
     @property
     def first_seq(self) -> int:
-        return self.run.seq0 + self.start
+        return self.run.seq0 + self.run.local(self.start)
+
+    @property
+    def last_seq(self) -> int:
+        return self.run.seq0 + self.run.local(self.end - 1)
 
     def nbytes(self) -> int:
         return sum(self.run.sizes[self.start : self.end])
@@ -150,11 +201,22 @@ class _Lease:
 
 
 class _Group:
-    __slots__ = ("anonymous", "members", "name", "queue", "used_bytes", "used_count", "waiters")
+    __slots__ = (
+        "anonymous",
+        "filter",
+        "members",
+        "name",
+        "queue",
+        "used_bytes",
+        "used_count",
+        "waiters",
+    )
 
-    def __init__(self, name: str | None, anonymous: bool) -> None:
+    def __init__(self, name: str | None, anonymous: bool, filter: Filter | None = None) -> None:
         self.name = name
         self.anonymous = anonymous
+        #: Only messages whose headers match are stored for this group.
+        self.filter = filter
         self.queue: deque[_Slice] = deque()
         #: Bytes and copies held: queued plus delivered and not yet settled.
         self.used_bytes = 0
@@ -174,100 +236,217 @@ class _Group:
             self.waiters.unpark_all()
 
 
-class Topic(Destination):
-    """An in-memory, bounded, fan-out destination with competing-consumer groups."""
+#: Which groups take copies of a put: each with the batch indexes it takes
+#: (None: all of them), and what those cost it in copies and bytes.
+_Plan = list[tuple[_Group, list[int] | None, int, int]]
 
-    def __init__(self, name: str, limits: TopicLimits | None = None) -> None:
+
+class Topic(Destination):
+    """An in-memory, bounded, fan-out destination with competing-consumer groups.
+
+    ``kind="queue"`` makes it a queue: one group that every subscriber joins.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        limits: TopicLimits | None = None,
+        *,
+        kind: Literal["topic", "queue"] = "topic",
+        element_size: int | None = None,
+        groups: Iterable[str] = (),
+    ) -> None:
         self.name = name
         self.limits = limits or TopicLimits()
+        self.kind = kind
+        self.element_size = element_size
         self._groups: dict[str, _Group] = {}
-        #: Where messages wait while no group exists.
+        #: Copies an anonymous group left behind while no other group existed.
         self._backlog = _Group(None, anonymous=False)
         #: Publishers waiting for room.
         self._space = trio.lowlevel.ParkingLot()
         self._closed = False
         self._seq = 0
+        #: Messages published while no group existed (topics only).
+        self.discarded = 0
+        #: Copies that no group's filter matched.
+        self.filtered = 0
+        self._info = DestinationInfo(
+            name, kind, element_size, queue_group=QUEUE_GROUP if kind == "queue" else None
+        )
+        if kind == "queue":
+            self._group(QUEUE_GROUP, anonymous=False)
+        for group in groups:
+            self.declare_group(group)
+
+    @property
+    def info(self) -> DestinationInfo:
+        return self._info
 
     # -- publishing -----------------------------------------------------------
     def _targets(self) -> list[_Group]:
-        return list(self._groups.values()) if self._groups else [self._backlog]
+        return list(self._groups.values())
+
+    def _plan(self, messages: Sequence[Message], sizes: list[int]) -> _Plan:
+        """Which groups take which of ``messages`` (filters applied once per group)."""
+        plan: _Plan = []
+        total = -1
+        for g in self._targets():
+            if g.filter is None:
+                if total < 0:
+                    total = sum(sizes)
+                plan.append((g, None, len(sizes), total))
+            else:
+                index = g.filter.select(messages)
+                plan.append((g, index, len(index), sum(sizes[i] for i in index)))
+        return plan
+
+    def _fits(self, plan: _Plan) -> bool:
+        limits = self.limits
+        return all(
+            g.used_count + n <= limits.max_messages and g.used_bytes + b <= limits.max_bytes
+            for g, _, n, b in plan
+        )
 
     def check(self, message: Message) -> str | None:
-        if message.size > self.limits.max_bytes:
-            return (
-                f"message of {message.size} bytes exceeds the buffer of destination "
-                f"{self.name!r} ({self.limits.max_bytes} bytes)"
-            )
-        return None
+        return refusal(self.name, message, self.limits.max_bytes, self.element_size)
 
-    async def put(self, message: Message, receipt: Receipt) -> None:
-        size = message.size
-        limits = self.limits
+    async def put(self, message: Message, receipt: Receipt, index: int = 0) -> None:
+        messages, sizes = [message], [message.size]
         while True:
             if self._closed:
                 raise trio.ClosedResourceError(f"destination {self.name!r} is closed")
-            groups = self._targets()
-            if all(
-                g.used_count < limits.max_messages and g.used_bytes + size <= limits.max_bytes
-                for g in groups
-            ):
+            plan = self._plan(messages, sizes)
+            if self._fits(plan):
                 break
             await self._space.park()
-        self._store([message], [size], size, receipt, groups)
+        self._store(messages, sizes, receipt, plan, index)
 
-    async def put_many(self, messages: Sequence[Message], receipt: Receipt) -> None:
+    async def put_many(self, messages: Sequence[Message], receipt: Receipt, base: int = 0) -> None:
         """All of ``messages`` at once when every group has room for them, else one by one."""
-        limits = self.limits
         sizes = _sizes(messages)
-        total = sum(sizes)
-        n = len(messages)
-        groups = self._targets()
         if (
-            self._closed
-            or total > limits.max_bytes
-            or not all(
-                g.used_count + n <= limits.max_messages and g.used_bytes + total <= limits.max_bytes
-                for g in groups
+            not self._closed
+            and (not sizes or max(sizes) <= self.limits.max_bytes)
+            and (
+                self.element_size is None or all(len(m.body) == self.element_size for m in messages)
             )
         ):
-            # Too big to take whole now: per message, waiting for room (and
-            # rejecting what can never fit) exactly as single publishes do.
-            await super().put_many(messages, receipt)
-            return
-        if n:
-            self._store(list(messages), sizes, total, receipt, groups)
+            plan = self._plan(messages, sizes)
+            if all(b <= self.limits.max_bytes for _, _, _, b in plan) and self._fits(plan):
+                if messages:
+                    self._store(list(messages), sizes, receipt, plan, base)
+                return
+        # Too big to take whole now: per message, waiting for room (and
+        # rejecting what can never fit) exactly as single publishes do.
+        await super().put_many(messages, receipt, base)
 
     def _store(
         self,
         messages: list[Message],
         sizes: list[int],
-        total: int,
         receipt: Receipt,
-        groups: list[_Group],
+        plan: _Plan,
+        base: int,
     ) -> None:
         n = len(messages)
-        receipt.add_legs(n * len(groups))
-        fanout = [len(groups)] * n if len(groups) > 1 else None
-        run = _Run(messages, sizes, receipt, self._seq + 1, fanout)
+        seq0 = self._seq + 1
         self._seq += n
-        for g in groups:
-            g.push(_Slice(run, 0, n, False), total)
+        if not plan:
+            self.discarded += n
+            return
+        if all(index is None for _, index, _, _ in plan):
+            receipt.add_legs(n * len(plan))
+            fanout = [len(plan)] * n if len(plan) > 1 else None
+            run = _Run(messages, sizes, receipt, seq0, fanout, base)
+            total = plan[0][3]
+            for g, _, _, _ in plan:
+                g.push(_Slice(run, 0, n, False), total)
+            return
+        # Some group filters: count each message's copies, then one run per selection.
+        counts = [0] * n
+        whole: _Run | None = None
+        runs: list[tuple[_Group, _Run, int]] = []
+        fanout = counts
+        for g, index, k, nbytes in plan:
+            if index is None:
+                if whole is None:
+                    whole = _Run(messages, sizes, receipt, seq0, fanout, base)
+                counts[:] = map((1).__add__, counts)
+                runs.append((g, whole, nbytes))
+            elif k:
+                for i in index:
+                    counts[i] += 1
+                run = _Run(
+                    [messages[i] for i in index],
+                    [sizes[i] for i in index],
+                    receipt,
+                    seq0,
+                    fanout,
+                    base,
+                    index,
+                )
+                runs.append((g, run, nbytes))
+        legs = sum(counts)
+        self.filtered += counts.count(0)
+        receipt.add_legs(legs)
+        for g, run, nbytes in runs:
+            g.push(_Slice(run, 0, len(run.messages), False), nbytes)
 
     # -- subscribing ----------------------------------------------------------
     def declare_group(self, group: str) -> None:
-        self._group(group, anonymous=False)
+        self._group(self._group_name(group), anonymous=False)
 
-    def _group(self, name: str, anonymous: bool) -> _Group:
+    def _group_name(self, group: str) -> str:
+        return QUEUE_GROUP if self.kind == "queue" else group
+
+    def _group(self, name: str, anonymous: bool, filter: Filter | None = None) -> _Group:
         g = self._groups.get(name)
         if g is None:
-            g = _Group(name, anonymous)
-            if not self._groups and self._backlog.queue:
-                # The first group adopts what waited for a subscriber.
-                g.queue, self._backlog.queue = self._backlog.queue, deque()
-                g.used_bytes, self._backlog.used_bytes = self._backlog.used_bytes, 0
-                g.used_count, self._backlog.used_count = self._backlog.used_count, 0
+            g = _Group(name, anonymous, filter)
+            if self._backlog.queue:
+                # A new group adopts what an earlier group left behind and no
+                # other group wanted.
+                if filter is None and not self._groups:
+                    g.queue, self._backlog.queue = self._backlog.queue, deque()
+                    g.used_bytes, self._backlog.used_bytes = self._backlog.used_bytes, 0
+                    g.used_count, self._backlog.used_count = self._backlog.used_count, 0
+                else:
+                    # Only what its filter matches; the rest waits for another group.
+                    pieces, self._backlog.queue = self._backlog.queue, deque()
+                    self._backlog.used_bytes = self._backlog.used_count = 0
+                    self._hand_over(list(pieces), [g])
             self._groups[name] = g
         return g
+
+    def _hand_over(self, pieces: list[_Slice], groups: list[_Group]) -> None:
+        """Give each copy to the first of ``groups`` whose filter matches it, else to
+        the backlog: a copy a group took is never lost, nor given to a group that
+        does not want it."""
+        if all(g.filter is None for g in groups[:1]):
+            targets = {id(groups[0] if groups else self._backlog): pieces}
+        else:
+            targets = {}
+            for piece in pieces:
+                run = piece.run
+                for i in range(piece.start, piece.end):
+                    headers = run.messages[i].headers
+                    heir = next(
+                        (g for g in groups if g.filter is None or g.filter.matches(headers)),
+                        self._backlog,
+                    )
+                    targets.setdefault(id(heir), []).append(
+                        _Slice(run, i, i + 1, piece.redelivered)
+                    )
+        for heir in [*groups, self._backlog]:
+            moved = targets.pop(id(heir), None)
+            if not moved:
+                continue
+            _return_in_order(heir, moved)
+            heir.used_bytes += sum(p.nbytes() for p in moved)
+            heir.used_count += sum(p.end - p.start for p in moved)
+            if heir.waiters:
+                heir.waiters.unpark_all()
 
     def subscribe(
         self,
@@ -276,6 +455,9 @@ class Topic(Destination):
         credit: int | None = None,
         max_unacked: int = 1024,
         max_unacked_bytes: int | None = None,
+        start: StartAt | None = None,
+        end: StopAt | None = None,
+        filter: Filter | None = None,
     ) -> TopicSubscription:
         if self._closed:
             raise trio.ClosedResourceError(f"destination {self.name!r} is closed")
@@ -283,9 +465,28 @@ class Topic(Destination):
             raise ValueError("max_unacked must be at least 1")
         if credit is not None and credit < 0:
             raise ValueError("credit must not be negative")
+        if (start is not None and start != "latest") or end is not None:
+            raise ValueError(
+                f"destination {self.name!r} is a {self.kind}: it keeps no log, so a "
+                "subscription cannot start or end at a position (configure 'retain' for one)"
+            )
+        if self.kind == "queue":
+            if filter is not None:
+                raise ValueError(
+                    f"destination {self.name!r} is a queue: its one group takes every message, "
+                    "so it cannot filter"
+                )
+            group = QUEUE_GROUP
+        elif group is not None:
+            existing = self._groups.get(group)
+            if existing is not None and existing.filter != filter:
+                raise ValueError(
+                    f"group {group!r} of {self.name!r} has filter {_show(existing.filter)}, "
+                    f"not {_show(filter)}: members of a group share one filter"
+                )
         anonymous = group is None
         name = f"~{next(_anonymous_ids)}" if group is None else group
-        g = self._group(name, anonymous)
+        g = self._group(name, anonymous, filter)
         sub = TopicSubscription(self, g, credit, max_unacked, max_unacked_bytes)
         g.members.append(sub)
         return sub
@@ -313,7 +514,6 @@ class Topic(Destination):
         del self._groups[g.name]  # type: ignore[arg-type]
         g.waiters.unpark_all()
         pieces, g.queue = g.queue, deque()
-        heir = next(iter(self._groups.values()), self._backlog)
         moved: list[_Slice] = []
         for piece in pieces:
             run = piece.run
@@ -322,17 +522,14 @@ class Topic(Destination):
                 moved.append(piece)
                 continue
             for i in range(piece.start, piece.end):
-                if fanout[i] > 1:
-                    fanout[i] -= 1
-                    run.receipt.settle_leg(None)
+                j = run.local(i)
+                if fanout[j] > 1:
+                    fanout[j] -= 1
+                    run.settle(i, i + 1, None)
                 else:
                     moved.append(_Slice(run, i, i + 1, piece.redelivered))
         if moved:
-            _return_in_order(heir, moved)
-            heir.used_bytes += sum(p.nbytes() for p in moved)
-            heir.used_count += sum(p.end - p.start for p in moved)
-            if heir.waiters:
-                heir.waiters.unpark_all()
+            self._hand_over(moved, list(self._groups.values()))
         if self._space:
             self._space.unpark_all()
 
@@ -351,10 +548,21 @@ class Topic(Destination):
                 "held_bytes": g.used_bytes,
                 "held": g.used_count,
                 "members": len(g.members),
+                **({"filter": str(g.filter)} if g.filter is not None else {}),
             }
             for name, g in self._groups.items()
         }
-        return {"backlog": self._backlog.queued(), "groups": groups}
+        return {
+            "kind": self.kind,
+            "backlog": self._backlog.queued(),
+            "discarded": self.discarded,
+            "filtered": self.filtered,
+            "groups": groups,
+        }
+
+
+def _show(f: Filter | None) -> str:
+    return "none" if f is None else repr(str(f))
 
 
 class TopicSubscription(Subscription):
@@ -372,6 +580,7 @@ class TopicSubscription(Subscription):
         self._group = group
         self.destination = topic.name
         self.group = None if group.anonymous else group.name
+        self.filter = group.filter
         self._credit = credit
         self._max_unacked = max_unacked
         self._max_unacked_bytes = max_unacked_bytes
@@ -428,6 +637,12 @@ class TopicSubscription(Subscription):
         while taken < n and queue:
             piece = queue[0]
             run = piece.run
+            if run.reply_by is not None and run.receipt.done():
+                # A call that was answered elsewhere or expired: nobody wants it now.
+                queue.popleft()
+                run.settle(piece.start, piece.end, None)
+                self._topic._freed(self._group, piece.end - piece.start, piece.nbytes())
+                continue
             lo = piece.start
             hi = min(piece.end, lo + n - taken)
             if limit is None:
@@ -453,7 +668,13 @@ class TopicSubscription(Subscription):
             self._unacked_bytes += nbytes
             out += map(
                 _new_delivery,
-                zip(range(tag0, tag0 + k), run.messages[lo:hi], repeat(piece.redelivered)),
+                zip(
+                    range(tag0, tag0 + k),
+                    run.messages[lo:hi],
+                    repeat(piece.redelivered),
+                    repeat(None),
+                    repeat(run.reply_by),
+                ),
             )
             taken += k
             if hi == piece.end:
@@ -539,7 +760,7 @@ class TopicSubscription(Subscription):
                 if ok:
                     freed_bytes += self._mark(i, lo, lo + ok)
                     freed += ok
-                    lease.run.receipt.settle_legs(ok, Outcome.DELIVERED)
+                    lease.run.settle(lease.lo + lo, lease.lo + lo + ok, Outcome.DELIVERED)
                 if ok < hi - lo:
                     raise KeyError(f"unknown or already settled delivery tag {tag + ok}")
                 tag += ok
@@ -569,7 +790,21 @@ class TopicSubscription(Subscription):
             _return_in_order(g, [_Slice(lease.run, index, index + 1, True)])
         else:
             self._topic._freed(g, 1, nbytes)
-            lease.run.receipt.settle_leg(outcome, reason)
+            index = lease.lo + offset
+            lease.run.settle(index, index + 1, outcome, reason)
+
+    def reply(self, tag: int, reply: Reply) -> None:
+        i = self._lease_of(tag)
+        lease = self._leases[i] if i >= 0 else None
+        if lease is None or not self._unsettled_prefix(i, tag - lease.tag0, tag - lease.tag0 + 1):
+            raise KeyError(f"unknown or already settled delivery tag {tag}")
+        run = lease.run
+        if run.reply_by is None:
+            raise ValueError(f"delivery {tag} is not a call; ack it instead")
+        offset = tag - lease.tag0
+        nbytes = self._mark(i, offset, offset + 1)
+        self._topic._freed(self._group, 1, nbytes)
+        run.receipt.settle(run.base + run.local(lease.lo + offset), Outcome.DELIVERED, reply=reply)
 
     def close(self) -> None:
         if self._closed and self not in self._group.members:
@@ -596,7 +831,7 @@ def _return_in_order(group: _Group, pieces: list[_Slice]) -> None:
     Pieces never overlap and each holds consecutive copies, so ordering them by
     their first copy orders every copy.
     """
-    newest = max(p.run.seq0 + p.end - 1 for p in pieces)
+    newest = max(p.last_seq for p in pieces)
     queue = group.queue
     head = list(pieces)
     while queue and queue[0].first_seq < newest:

@@ -36,7 +36,7 @@ from hypothesis.stateful import (
 from gateway.destination import Delivery, Subscription
 from gateway.hub import Hub, HubLimits
 from gateway.model import MESSAGE_OVERHEAD, Message, Outcome
-from gateway.receipts import Receipt
+from gateway.receipts import Receipt, Result
 
 # -- helpers ------------------------------------------------------------------------
 
@@ -148,6 +148,12 @@ class _MPublish:
     task: Task
     legs: int = 0
     worst: Outcome = Outcome.DELIVERED
+    #: Each message's own worst outcome, where it is not DELIVERED.
+    results: dict[int, Outcome] = field(default_factory=dict)
+
+    def worsen(self, n: int, outcome: Outcome) -> None:
+        self.worst = max(self.worst, outcome)
+        self.results[n] = max(self.results.get(n, Outcome.DELIVERED), outcome)
 
     @property
     def finished(self) -> bool:
@@ -181,24 +187,30 @@ class _Model:
         self.publishes: list[_MPublish] = []
         #: Groups holding a copy of message n, for messages stored in more than one.
         self.fanout: dict[int, int] = {}
+        #: Messages published while no group existed: settled at once, stored nowhere.
+        self.discarded = 0
 
     # publishing
     def targets(self) -> list[_MGroup]:
-        return list(self.groups.values()) or [self.backlog]
+        """Every group; none (not the backlog) when there is no group."""
+        return list(self.groups.values())
 
     def pump(self) -> None:
         """The publisher stores what fits, one message at a time (as a run, when all fit
-        at once: the same copies in the same order)."""
+        at once: the same copies in the same order). With no group, a message is
+        discarded: delivered without a leg, however full the backlog is."""
         if not self.publishes:
             return
         p = self.publishes[-1]
         while p.waiting:
             n = p.waiting[0]
             size = self.sizes[n]
+            targets = self.targets()
             if size > BUFFER_BYTES:
-                p.worst = max(p.worst, Outcome.REJECTED)
+                p.worsen(n, Outcome.REJECTED)
+            elif not targets:
+                self.discarded += 1
             else:
-                targets = self.targets()
                 if not all(
                     g.held < BUFFER_MESSAGES and g.held_bytes + size <= BUFFER_BYTES
                     for g in targets
@@ -218,7 +230,7 @@ class _Model:
         p.legs -= 1
         assert p.legs >= 0
         if outcome is not None:
-            p.worst = max(p.worst, outcome)
+            p.worsen(n, outcome)
 
     # subscribing
     def group(self, key: str, anonymous: bool) -> _MGroup:
@@ -226,7 +238,7 @@ class _Model:
         if g is None:
             g = _MGroup(anonymous)
             if not self.groups and self.backlog.queue:
-                # The first group adopts what waited for a subscriber.
+                # The first group adopts what the last anonymous group left behind.
                 g, self.backlog = self.backlog, _MGroup(anonymous=False)
                 g.anonymous = anonymous
             self.groups[key] = g
@@ -335,7 +347,10 @@ class _Model:
 
     def stats(self) -> dict[str, Any]:
         return {
+            "kind": "topic",
             "backlog": len(self.backlog.queue),
+            "discarded": self.discarded,
+            "filtered": 0,
             "groups": {
                 key: {
                     "queued": len(g.queue),
@@ -485,13 +500,35 @@ class TopicRunsMachine(RuleBasedStateMachine):
             max_size=3,
         ),
         runs=st.lists(RUNS, max_size=3),
+        left=st.one_of(
+            st.none(),
+            st.tuples(
+                st.lists(RUNS, min_size=1, max_size=2),
+                st.sampled_from((None, 0, 1, 3, 8)),
+                st.integers(0, 4),
+            ),
+        ),
     )
     def start_with(
         self,
         configs: list[tuple[str | None, int | None, int, int | None]],
         runs: list[list[int]],
+        left: tuple[list[list[int]], int | None, int] | None,
     ) -> None:
-        """Some subscribers and some runs to begin with (before or after them)."""
+        """Some subscribers and some runs to begin with (before or after them; a run
+        published before any group is discarded). First, maybe, an anonymous subscriber
+        that takes runs, receives and acks some and leaves: the rest waits in the
+        backlog for the first group, and runs published meanwhile are discarded."""
+        if left is not None:
+            leaver_runs, taken, acked = left
+            leaver = self.join(None)
+            for sizes in leaver_runs:
+                if not self.publishing():
+                    self.publish(sizes)
+            got = self.do_receive(leaver, taken)
+            if got and acked:
+                self.do_ack_many(leaver, tags(got)[:acked])
+            self.do_close(leaver)
         for i, config in enumerate(configs):
             if i < len(runs) and not self.publishing():
                 self.publish(runs[i])
@@ -671,6 +708,17 @@ class TopicRunsMachine(RuleBasedStateMachine):
             )
             if p.settled:
                 assert receipt.outcome is p.worst, f"receipt of publish {i}"
+                # Each message's own result: its worst nack (reason: the outcome's
+                # name), REJECTED when oversize, else the plain delivered Result().
+                for j, (n, result) in enumerate(zip(p.numbers, receipt.results(), strict=True)):
+                    outcome = p.results.get(n, Outcome.DELIVERED)
+                    assert result.outcome is outcome, f"result {j} of publish {i}"
+                    if outcome is Outcome.DELIVERED:
+                        assert result == Result()
+                    elif self.model.sizes[n] > BUFFER_BYTES:
+                        assert "exceeds the buffer" in result.reason
+                    else:
+                        assert result.reason == outcome.name
         inflight = sum(not p.settled for p in self.model.publishes)
         assert self.sync(lambda: self.hub.inflight) == inflight
 
@@ -1069,7 +1117,13 @@ async def test_last_anonymous_group_leaving_mid_run_returns_the_rest_to_the_back
     assert numbers(got) == list(range(6))
     anon.ack_many([got[4].tag, got[0].tag, got[2].tag])
     anon.close()
-    assert stats_of(hub) == {"backlog": 9, "groups": {}}
+    assert stats_of(hub) == {
+        "kind": "topic",
+        "backlog": 9,
+        "discarded": 0,
+        "filtered": 0,
+        "groups": {},
+    }
     hub.destination("t").declare_group("g")
     assert stats_of(hub)["backlog"] == 0
     assert held(hub, "g") == (9, 9, 9 * SIZE)
@@ -1084,13 +1138,32 @@ async def test_last_anonymous_group_leaving_mid_run_returns_the_rest_to_the_back
 # -- the backlog --------------------------------------------------------------------------
 
 
+def backlog_stats(backlog: int, discarded: int = 0) -> dict[str, Any]:
+    """``stats()`` of topic ``t`` with no group and ``backlog`` copies left behind."""
+    return {
+        "kind": "topic",
+        "backlog": backlog,
+        "discarded": discarded,
+        "filtered": 0,
+        "groups": {},
+    }
+
+
 async def test_backlog_runs_are_adopted_whole_by_the_first_group() -> None:
+    """Three runs an anonymous subscriber left untouched wait in the backlog, whole;
+    the first group to subscribe adopts them (the second gets none of them)."""
     hub = Hub()
+    leaver = hub.subscribe("t", credit=0)
     r1 = await hub.publish([msg(i) for i in range(5)])
     r2 = await hub.publish([msg(5)])
     r3 = await hub.publish([msg(i) for i in range(6, 13)])
-    assert stats_of(hub) == {"backlog": 13, "groups": {}}
+    leaver.close()
+    assert stats_of(hub) == backlog_stats(13)
     assert hub.inflight == 3
+    # New publishes never join the backlog: with no group they are discarded.
+    dropped = await hub.publish([msg(i) for i in range(100, 103)])
+    assert dropped.outcome is Outcome.DELIVERED
+    assert stats_of(hub) == backlog_stats(13, discarded=3)
     first = hub.subscribe("t", "first", credit=4)
     second = hub.subscribe("t", "second")
     assert stats_of(hub)["backlog"] == 0
@@ -1098,6 +1171,7 @@ async def test_backlog_runs_are_adopted_whole_by_the_first_group() -> None:
     assert held(hub, "second") == (0, 0, 0)
     got = await receive_now(first)
     assert numbers(got) == [0, 1, 2, 3]
+    assert not any(d.redelivered for d in got), "never delivered before"
     assert first.credit == 0
     first.grant(100)
     got += await receive_now(first, 5)  # across the runs' boundaries
@@ -1124,14 +1198,17 @@ async def test_backlog_runs_are_adopted_whole_by_the_first_group() -> None:
 
 async def test_backlog_adopted_by_an_anonymous_subscriber_goes_back_when_it_leaves() -> None:
     hub = Hub()
+    leaver = hub.subscribe("t", credit=0)
     receipt = await hub.publish([msg(i) for i in range(8)])
+    leaver.close()
+    assert stats_of(hub) == backlog_stats(8)
     anon = hub.subscribe("t", max_unacked=5)
     got = await receive_now(anon)
     assert numbers(got) == [0, 1, 2, 3, 4]
     anon.ack_many(tags(got)[::2])  # 0, 2, 4
     anon.nack(got[3].tag)  # 3 requeued first
     anon.close()
-    assert stats_of(hub) == {"backlog": 5, "groups": {}}
+    assert stats_of(hub) == backlog_stats(5)
     again = hub.subscribe("t")
     rest = await receive_now(again)
     assert numbers(rest) == [1, 3, 5, 6, 7]
@@ -1140,32 +1217,45 @@ async def test_backlog_adopted_by_an_anonymous_subscriber_goes_back_when_it_leav
     assert receipt.outcome is Outcome.DELIVERED
 
 
-async def test_a_run_that_does_not_fit_in_the_backlog_waits_one_by_one() -> None:
+async def test_a_run_after_a_full_backlog_is_discarded_and_then_waits_one_by_one() -> None:
+    """A full backlog holds no publisher: with no group, a run is discarded whole at
+    once. The group that adopts the backlog adopts its room too: a run that does not
+    fit in what is left goes one by one as acks make room."""
     hub = Hub(limits=HubLimits(buffer_messages=10))
+    leaver = hub.subscribe("t", credit=0)
     r1 = await hub.publish([msg(i) for i in range(6)])
+    r2 = await hub.publish([msg(i) for i in range(6, 10)])
+    leaver.close()
+    assert stats_of(hub) == backlog_stats(10)
+    with trio.fail_after(1):
+        dropped = await hub.publish([msg(i) for i in range(100, 108)])
+    assert dropped.outcome is Outcome.DELIVERED
+    assert stats_of(hub) == backlog_stats(10, discarded=8)
+    sub = hub.subscribe("t", max_unacked=100)
+    assert held(hub) == (10, 10, 10 * SIZE)
     async with trio.open_nursery() as nursery:
-        task = start(nursery, hub.publish, [msg(i) for i in range(6, 14)])
+        task = start(nursery, hub.publish, [msg(i) for i in range(10, 14)])
         await settle()
         assert not task.done
-        assert stats_of(hub)["backlog"] == 10, "four of the run were stored one by one"
-        sub = hub.subscribe("t", max_unacked=100)
         got = await receive_now(sub)
         assert numbers(got) == list(range(10))
         sub.ack_many(tags(got[:3]))
         await settle()
         assert not task.done
-        assert held(hub) == (3, 10, 10 * SIZE)
+        assert held(hub) == (3, 10, 10 * SIZE), "three of the run were stored one by one"
         sub.ack(got[3].tag)
         await settle()
         assert task.done
-    r2: Receipt = task.result
+    r3: Receipt = task.result
     rest = await receive_now(sub)
     assert numbers(rest) == list(range(10, 14))
     sub.ack_many(tags(got[4:]))
     assert r1.outcome is Outcome.DELIVERED
-    assert not r2.done()
-    sub.ack_many(tags(rest))
     assert r2.outcome is Outcome.DELIVERED
+    assert not r3.done()
+    sub.ack_many(tags(rest))
+    assert r3.outcome is Outcome.DELIVERED
+    assert stats_of(hub)["discarded"] == 8
 
 
 # -- publishers waiting for room ------------------------------------------------------------

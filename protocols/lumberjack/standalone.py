@@ -38,7 +38,7 @@ class Batch:
     version: int
     peer: str
     identity: PeerIdentity | None
-    _receipt: Receipt = field(repr=False, default_factory=Receipt)
+    _receipt: Receipt = field(repr=False, default_factory=lambda: Receipt(1))
 
     def ack(self) -> None:
         """The events are safe: let the server ack the window."""
@@ -50,7 +50,7 @@ class Batch:
 
     def _settle(self, outcome: Outcome, reason: str = "") -> None:
         if not self._receipt.done():
-            self._receipt.settle_leg(outcome, reason)
+            self._receipt.settle(0, outcome, reason)
 
 
 class LumberjackServer:
