@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .catalog import DestinationSpec
 from .hub import HubLimits
+from .model import MESSAGE_OVERHEAD
 from .plugin import ListenerSettings, Option, ProtocolPlugin, UpstreamSettings
 from .registry import Registry, default_registry
 from .routing import UPSTREAM_PREFIX, Route, RouteError, Router
@@ -54,6 +56,8 @@ class Config:
     listeners: list[ListenerSettings]
     upstreams: list[UpstreamSettings]
     routes: list[Route]
+    #: The ``[[destinations]]`` table, in the order written (the first match wins).
+    destinations: list[DestinationSpec] = field(default_factory=list)
     #: The file it came from; None for the embedded default.
     path: Path | None = None
     #: Where ``GET /metrics`` is served (``[metrics] bind``); None: nowhere.
@@ -276,6 +280,13 @@ def parse(
             errors.add(t.key("to"), str(e))
             continue
         routes.append(route)
+    indexed_destinations = [
+        (i, spec)
+        for i, item in enumerate(_array(root, "destinations", errors))
+        if (spec := _destination(_Table(errors, f"destinations[{i}]", item), limits))
+    ]
+    _unique(errors, "destinations", [(i, d.name) for i, d in indexed_destinations], "name")
+    destinations = [spec for _, spec in indexed_destinations]
     metrics_bind = None
     metrics = root.table("metrics")
     if metrics is not None and metrics.ok:
@@ -285,11 +296,74 @@ def parse(
             for i, ls in indexed_listeners:
                 if ls.bind == metrics_bind:
                     errors.add(metrics.key("bind"), f"is also the bind of listeners[{i}]")
-    root.finish("top-level tables are gateway, metrics, listeners, upstreams and routes")
+    root.finish(
+        "top-level tables are gateway, metrics, listeners, upstreams, routes and destinations"
+    )
 
     if errors.items:
         raise ConfigError(errors.items)
-    return Config(gateway, listeners, upstreams, routes, metrics_bind=metrics_bind)
+    return Config(gateway, listeners, upstreams, routes, destinations, metrics_bind=metrics_bind)
+
+
+def _check_destination_name(value: str) -> None:
+    if not value:
+        raise ValueError("must not be empty")
+    if value.startswith(UPSTREAM_PREFIX):
+        raise ValueError(f"{value!r}: upstream destinations are queues and cannot be configured")
+
+
+def _destination(t: _Table, limits: HubLimits) -> DestinationSpec | None:
+    """One ``[[destinations]]`` entry, checked for keys that do not fit its kind."""
+    if not t.ok:
+        return None
+    name = t.get("name", "str", check=_check_destination_name)
+    kind = t.get("kind", "str", "topic", choices=("topic", "queue"))
+    retain = t.get("retain", "size", None, minimum=1024)
+    overflow = t.get("overflow", "str", None, choices=("block", "drop_oldest"))
+    element_size = t.get("element_size", "int", None, minimum=1, maximum=16 * 1024 * 1024)
+    groups = t.get("groups", "str_list", [], check=_check_groups)
+    buffer_bytes = t.get("buffer_bytes", "size", None, minimum=1024)
+    buffer_messages = t.get("buffer_messages", "int", None, minimum=1)
+    if "store" in t.data:
+        t.get("store", "str", None)
+        t.errors.add(
+            t.key("store"),
+            "is reserved for durable destinations, which arrive with the segment store; "
+            "use 'retain' for an in-memory log meanwhile",
+        )
+    t.finish(
+        "keys are name, kind, retain, overflow, element_size, groups, "
+        "buffer_bytes, buffer_messages and store"
+    )
+    if overflow is not None and retain is None:
+        t.errors.add(t.key("overflow"), "applies to logs only: set 'retain' too")
+    if retain is not None:
+        for key, value in (("buffer_bytes", buffer_bytes), ("buffer_messages", buffer_messages)):
+            if value is not None:
+                t.errors.add(t.key(key), "does not apply to a log, which 'retain' bounds")
+    if kind == "queue" and groups:
+        t.errors.add(t.key("groups"), "a queue has one group, which every subscriber joins")
+    if element_size is not None:
+        bound = retain if retain is not None else buffer_bytes or limits.buffer_bytes
+        if element_size + MESSAGE_OVERHEAD > bound:
+            t.errors.add(t.key("element_size"), f"does not fit the buffer of {bound} bytes")
+    if name is None:
+        return None
+    return DestinationSpec(
+        name=name,
+        kind=kind,
+        retain=retain,
+        overflow=overflow or "block",
+        element_size=element_size,
+        groups=tuple(groups),
+        buffer_bytes=buffer_bytes,
+        buffer_messages=buffer_messages,
+    )
+
+
+def _check_groups(groups: list[str]) -> None:
+    for g in groups:
+        _check_name(g)
 
 
 def _any_port(bind: str) -> bool:
@@ -447,7 +521,8 @@ def load(path: str | Path, registry: Registry | None = None) -> Config:
 
 
 def default_config(registry: Registry | None = None, base_dir: Path | None = None) -> Config:
-    """The embedded default: every registered server protocol on loopback, own port."""
+    """The embedded default: every registered server protocol on loopback, own port,
+    publishing into queues."""
     registry = registry or default_registry()
     listeners = []
     for name, plugin in registry.loaded_protocols().items():
@@ -460,9 +535,13 @@ def default_config(registry: Registry | None = None, base_dir: Path | None = Non
         }
         item.update(plugin.default_listener())
         listeners.append(item)
+    # What the default listeners publish waits for a consumer (a queue), so a
+    # sender is acked only once somebody took each message.
+    queues = sorted({item.get("destination", item["name"]) for item in listeners})
     data = {
         "gateway": {"data_dir": "data"},
         "metrics": {"bind": f"127.0.0.1:{DEFAULT_METRICS_PORT}"},
         "listeners": listeners,
+        "destinations": [{"name": name, "kind": "queue"} for name in queues],
     }
     return parse(data, source="<embedded default>", base_dir=base_dir, registry=registry)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import trio
 from prometheus_client import Counter
 
+from .catalog import Catalog
 from .config import Config
 from .hub import Hub
 from .metrics import Metrics
@@ -32,6 +33,7 @@ from .plugin import (
 )
 from .registry import Registry, default_registry
 from .routing import Router
+from .topic import TopicLimits
 from .transports.base import SocketTransport
 
 __all__ = ["Gateway"]
@@ -94,9 +96,14 @@ class Gateway:
     def __init__(self, config: Config, registry: Registry | None = None) -> None:
         self.config = config
         self.registry = registry or default_registry()
+        limits = config.gateway.limits
+        self.catalog = Catalog(
+            config.destinations, TopicLimits(limits.buffer_bytes, limits.buffer_messages)
+        )
         self.hub = Hub(
             Router(config.routes),
-            config.gateway.limits,
+            limits,
+            providers=[self.catalog],
             upstreams=[u.name for u in config.upstreams],
         )
         #: Set when draining starts; protocols stop taking new work.
@@ -130,6 +137,9 @@ class Gateway:
         """Bind, serve until :meth:`shutdown`, drain, and return."""
         try:
             async with trio.open_nursery() as work:
+                await work.start(self.hub.run)
+                for name in self.catalog.names():
+                    self.hub.destination(name)
                 for up in self.config.upstreams:
                     self.hub.destination(f"upstream:{up.name}").declare_group(UpstreamContext.group)
                     work.start_soon(self._run_upstream, up, name=f"upstream {up.name}")

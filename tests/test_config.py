@@ -829,3 +829,96 @@ def test_cli_check_missing_file(tmp_path: Path) -> None:
     result = run_check(path)
     assert result.returncode == 1
     assert str(path) in result.stderr
+
+
+# -- [[destinations]] ---------------------------------------------------------------------
+
+
+def test_destinations_are_read_in_order_with_their_keys(tmp_path: Path, registry: Registry) -> None:
+    path = write(
+        tmp_path,
+        """
+        [[destinations]]
+        name = "jobs"
+        kind = "queue"
+        buffer_bytes = "1MiB"
+
+        [[destinations]]
+        name = "audit.*"
+        retain = "64MiB"
+        overflow = "drop_oldest"
+        groups = ["archiver", "indexer"]
+
+        [[destinations]]
+        name = "frames"
+        element_size = 16
+        retain = "16KiB"
+        """,
+    )
+    config = load(path, registry=registry)
+    jobs, audit, frames = config.destinations
+    assert (jobs.name, jobs.kind, jobs.retain, jobs.buffer_bytes) == ("jobs", "queue", None, 2**20)
+    assert (audit.retain, audit.overflow, audit.groups) == (
+        64 * 2**20,
+        "drop_oldest",
+        ("archiver", "indexer"),
+    )
+    assert audit.is_glob
+    assert (frames.element_size, frames.retain, frames.overflow) == (16, 16 * 1024, "block")
+
+
+@pytest.mark.parametrize(
+    ("entry", "key", "fragment"),
+    [
+        ('kind = "stream"', "destinations[0].kind", "must be one of"),
+        ('retain = "1KB"', "destinations[0].retain", "at least"),
+        ('overflow = "drop_oldest"', "destinations[0].overflow", "logs only"),
+        ('retain = "1MiB"\nbuffer_bytes = "1MiB"', "destinations[0].buffer_bytes", "retain"),
+        ('kind = "queue"\ngroups = ["a"]', "destinations[0].groups", "one group"),
+        ('groups = ["bad name"]', "destinations[0].groups", "not a valid name"),
+        ("element_size = 0", "destinations[0].element_size", "at least"),
+        ('element_size = 4096\nbuffer_bytes = "4KiB"', "destinations[0].element_size", "fit"),
+        ('store = "segments"', "destinations[0].store", "reserved"),
+        ("colour = 1", "destinations[0].colour", "unknown key"),
+    ],
+)
+def test_destination_errors_name_the_key(
+    tmp_path: Path, registry: Registry, entry: str, key: str, fragment: str
+) -> None:
+    path = write(tmp_path, '[[destinations]]\nname = "d"\n' + entry + "\n")
+    assert_error(config_errors(path, registry), path, key, fragment)
+
+
+def test_destination_names_must_be_unique_and_not_upstreams(
+    tmp_path: Path, registry: Registry
+) -> None:
+    path = write(
+        tmp_path,
+        """
+        [[destinations]]
+        kind = "queue"
+        [[destinations]]
+        name = "d"
+        [[destinations]]
+        name = "d"
+        [[destinations]]
+        name = "upstream:x"
+        """,
+    )
+    errors = config_errors(path, registry)
+    assert_error(errors, path, "destinations[0].name", "required")
+    assert_error(errors, path, "destinations[2].name", "duplicate")
+    assert_error(errors, path, "destinations[3].name", "upstream destinations")
+
+
+def test_gateway_check_knows_destinations(tmp_path: Path) -> None:
+    path = write(tmp_path, '[[destinations]]\nname = "q"\nkind = "queu"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "check", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert f"{path}: destinations[0].kind:" in result.stderr

@@ -108,8 +108,16 @@ async def test_relay_through_an_upstream_acks_end_to_end() -> None:
 async def test_upstream_resends_after_its_server_restarts() -> None:
     """Messages the upstream's server never acked are sent again after it restarts."""
     async with trio.open_nursery() as outer:
+        # "logs" at B is a queue: it keeps what nobody consumes yet, so B holds both.
+        queue = [{"name": "logs", "kind": "queue"}]
         b1 = Gateway(
-            parse({"gateway": {"drain_timeout": "100ms"}, "listeners": [ndjson_listener()]})
+            parse(
+                {
+                    "gateway": {"drain_timeout": "100ms"},
+                    "listeners": [ndjson_listener()],
+                    "destinations": queue,
+                }
+            )
         )
         async with trio.open_nursery() as nb:
             await nb.start(b1.run)
@@ -137,7 +145,9 @@ async def test_upstream_resends_after_its_server_restarts() -> None:
             await trio.sleep(0.3)
             b1.shutdown()
         # B is gone with both messages unacked; a new B comes up on the same port.
-        async with running_gateway({"listeners": [ndjson_listener(bind=addr)]}) as b2:
+        async with running_gateway(
+            {"listeners": [ndjson_listener(bind=addr)], "destinations": queue}
+        ) as b2:
             sub = await client_for(b2)
             await sub.subscribe("logs")
             got = [await sub.receive() for _ in range(2)]
@@ -206,7 +216,12 @@ async def test_graceful_shutdown_settles_in_flight_messages() -> None:
 
 
 async def test_drain_deadline_closes_unsettled_work_without_acking() -> None:
-    config = {"gateway": {"drain_timeout": "300ms"}, "listeners": [ndjson_listener()]}
+    config = {
+        "gateway": {"drain_timeout": "300ms"},
+        "listeners": [ndjson_listener()],
+        # A queue keeps what nobody consumes, so the publish stays unsettled.
+        "destinations": [{"name": "logs", "kind": "queue"}],
+    }
     with trio.fail_after(5):
         async with running_gateway(config) as gw:
             pub = await client_for(gw)

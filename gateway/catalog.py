@@ -1,0 +1,89 @@
+"""The ``[[destinations]]`` table: which destinations are queues, logs or
+fixed-size element streams, and the provider that builds them on first use.
+
+A destination name that no entry matches is a plain in-memory topic. Entries
+are matched in the order written, by exact name or glob (``*``, ``?``); the
+first match decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from .destination import Destination
+from .memlog import MemoryLog
+from .routing import UPSTREAM_PREFIX, compile_glob
+from .topic import Topic, TopicLimits
+
+__all__ = ["Catalog", "DestinationSpec"]
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationSpec:
+    """One ``[[destinations]]`` entry."""
+
+    #: A destination name, or a glob over names.
+    name: str
+    kind: Literal["topic", "queue"] = "topic"
+    #: Keep an in-memory log of this many bytes (replayable, with positions); None: no log.
+    retain: int | None = None
+    #: For a log: wait for groups (``block``) or drop the oldest data they still need.
+    overflow: Literal["block", "drop_oldest"] = "block"
+    #: Every body must be exactly this many bytes (fixed-size elements).
+    element_size: int | None = None
+    #: Named groups that exist from the destination's creation, collecting.
+    groups: tuple[str, ...] = ()
+    #: Per-group bounds of a topic or queue (None: the gateway's defaults).
+    buffer_bytes: int | None = None
+    buffer_messages: int | None = None
+
+    @property
+    def is_glob(self) -> bool:
+        return "*" in self.name or "?" in self.name
+
+
+class Catalog:
+    """A :class:`~gateway.destination.DestinationProvider` built from the table."""
+
+    def __init__(self, specs: Iterable[DestinationSpec], defaults: TopicLimits) -> None:
+        self.specs = list(specs)
+        self._defaults = defaults
+        self._patterns = [(compile_glob(s.name), s) for s in self.specs]
+
+    def spec(self, name: str) -> DestinationSpec | None:
+        """The entry that configures ``name``, if any."""
+        if name.startswith(UPSTREAM_PREFIX):
+            return None
+        for regex, spec in self._patterns:
+            if regex.match(name):
+                return spec
+        return None
+
+    def open(self, name: str) -> Destination | None:
+        spec = self.spec(name)
+        if spec is None:
+            return None
+        if spec.retain is not None:
+            log = MemoryLog(
+                name,
+                retain_bytes=spec.retain,
+                kind=spec.kind,
+                overflow=spec.overflow,
+                element_size=spec.element_size,
+            )
+            for group in spec.groups:
+                log.declare_group(group)
+            return log
+        limits = TopicLimits(
+            spec.buffer_bytes or self._defaults.max_bytes,
+            spec.buffer_messages or self._defaults.max_messages,
+        )
+        return Topic(
+            name, limits, kind=spec.kind, element_size=spec.element_size, groups=spec.groups
+        )
+
+    def names(self) -> list[str]:
+        """The entries that name one destination (no glob): created at start-up."""
+        return [s.name for s in self.specs if not s.is_glob]
