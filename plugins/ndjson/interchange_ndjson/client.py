@@ -13,18 +13,24 @@ from collections.abc import Mapping
 import trio
 
 from gateway.errors import RemoteProtocolError
+from gateway.filters import Filter
 
 from .codec import CLIENT, NEED_DATA, NdjsonConnection
 from .events import (
     Ack,
+    Call,
     ConnectionClosed,
     Credit,
     Deliver,
+    End,
     Error,
     Event,
     Nack,
     Publish,
     Published,
+    PublishMany,
+    Replied,
+    ReplyTo,
     Subscribe,
     Unsubscribe,
 )
@@ -39,8 +45,8 @@ class NdjsonClient:
         self.stream = stream
         self.codec = NdjsonConnection(CLIENT)
         self._ids = itertools.count(1)
-        self._answers: dict[int, Published] = {}
-        self._deliveries: deque[Deliver] = deque()
+        self._answers: dict[int, Published | Replied] = {}
+        self._deliveries: deque[Deliver | End] = deque()
         self._changed = trio.lowlevel.ParkingLot()
         self._reading = False
         self._closed_error: BaseException | None = None
@@ -100,10 +106,51 @@ class NdjsonClient:
         return ids
 
     async def wait_answers(self, ids: list[int]) -> list[Published]:
-        """Wait until every id in ``ids`` has been answered; return the answers."""
+        """Wait until every publish in ``ids`` has been answered; return the answers."""
+        answers = await self._wait(ids)
+        assert all(isinstance(a, Published) for a in answers)
+        return answers  # type: ignore[return-value]
+
+    async def _wait(self, ids: list[int]) -> list[Published | Replied]:
         while not all(i in self._answers for i in ids):
             await self._pump()
         return [self._answers.pop(i) for i in ids]
+
+    async def publish_many(self, messages: list[Publish]) -> Published:
+        """Publish ``messages`` as one batch; the answer has each one's result."""
+        ident = next(self._ids)
+        await self._send(PublishMany(tuple(messages), ident))
+        (answer,) = await self.wait_answers([ident])
+        return answer
+
+    async def call(
+        self,
+        body: bytes,
+        destination: str | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+        timeout: float = 30.0,
+    ) -> Replied | Published:
+        """Call the service subscribed to ``destination``: its reply, or the ``ack``
+        that says why there was none."""
+        ident = next(self._ids)
+        await self._send(Call(body, destination, dict(headers or {}), content_type, ident, timeout))
+        (answer,) = await self._wait([ident])
+        return answer
+
+    async def reply(
+        self,
+        tag: int,
+        body: bytes = b"",
+        *,
+        headers: Mapping[str, str] | None = None,
+        content_type: str | None = None,
+        code: int = 0,
+        error: str = "",
+    ) -> None:
+        """Answer the call delivered as ``tag``."""
+        await self._send(ReplyTo(tag, body, dict(headers or {}), content_type, code, error))
 
     # -- subscribing ------------------------------------------------------------
     async def subscribe(
@@ -113,8 +160,11 @@ class NdjsonClient:
         *,
         credit: int | None = None,
         window: int = 100,
+        filter: Filter | None = None,
+        start: str | int | None = None,
+        end: str | int | None = None,
     ) -> None:
-        await self._send(Subscribe(destination, group, credit, window))
+        await self._send(Subscribe(destination, group, credit, window, filter, start, end))
 
     async def unsubscribe(self, destination: str) -> None:
         await self._send(Unsubscribe(destination))
@@ -122,8 +172,9 @@ class NdjsonClient:
     async def grant(self, destination: str, n: int) -> None:
         await self._send(Credit(destination, n))
 
-    async def receive(self) -> Deliver:
-        """The next delivery to any subscription of this connection."""
+    async def receive(self) -> Deliver | End:
+        """The next delivery to any subscription of this connection, or the
+        :class:`End` of a finite one."""
         while not self._deliveries:
             await self._pump()
         return self._deliveries.popleft()
@@ -149,9 +200,9 @@ class NdjsonClient:
             data = await self.stream.receive_some(65536)
             self.codec.receive_data(data)
             while (event := self.codec.next_event()) is not NEED_DATA:
-                if isinstance(event, Published):
+                if isinstance(event, Published | Replied):
                     self._answers[event.id] = event  # type: ignore[index]
-                elif isinstance(event, Deliver):
+                elif isinstance(event, Deliver | End):
                     self._deliveries.append(event)
                 elif isinstance(event, Error):
                     self._closed_error = RemoteProtocolError(event.message)

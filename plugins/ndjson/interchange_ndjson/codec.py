@@ -10,7 +10,13 @@ scanned once; consumed bytes are dropped only when they are half the buffer.
 A line longer than ``max_line`` bytes, invalid JSON, or an event the peer's
 role may not send is a :class:`~gateway.errors.RemoteProtocolError`; the
 connection is then in the ``ERROR`` state and the driver answers with an
-``error`` line and closes.
+``error`` line and closes. Sending an event this role may not send, or one
+the peer would refuse (an empty batch, a call timeout out of range), is a
+:class:`~gateway.errors.LocalProtocolError`.
+
+The role picks the parser, which is how ``ack`` and ``reply`` mean different
+things in each direction: from a client they answer a delivery by ``tag``,
+from the server they answer a publish or a call by ``id``.
 """
 
 from __future__ import annotations
@@ -18,28 +24,46 @@ from __future__ import annotations
 import base64
 import enum
 import json
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from gateway.errors import LocalProtocolError, RemoteProtocolError
+from gateway.filters import Filter
 
 from .events import (
     Ack,
+    Call,
     ConnectionClosed,
     Credit,
     Deliver,
+    End,
     Error,
     Event,
+    ItemResult,
     Nack,
     Ping,
     Pong,
     Publish,
     Published,
+    PublishMany,
+    Replied,
+    ReplyTo,
     Subscribe,
     Unsubscribe,
 )
 
-__all__ = ["CLIENT", "DEFAULT_MAX_LINE", "NEED_DATA", "SERVER", "NdjsonConnection", "State"]
+__all__ = [
+    "CLIENT",
+    "DEFAULT_CALL_TIMEOUT",
+    "DEFAULT_MAX_LINE",
+    "MAX_BATCH",
+    "MAX_CALL_TIMEOUT",
+    "NEED_DATA",
+    "SERVER",
+    "NdjsonConnection",
+    "State",
+]
 
 
 class Role(enum.Enum):
@@ -64,6 +88,18 @@ DEFAULT_MAX_LINE = 1024 * 1024
 #: Most deliveries a subscriber may hold unacked (the ``window`` of ``sub``).
 MAX_WINDOW = 10_000
 STATUSES = ("delivered", "failed", "rejected")
+#: Most messages in one ``pub`` with ``messages``.
+MAX_BATCH = 1000
+#: Seconds a ``call`` waits for its reply unless it says otherwise.
+DEFAULT_CALL_TIMEOUT = 30.0
+#: Longest ``timeout`` a ``call`` may ask for, in seconds.
+MAX_CALL_TIMEOUT = 3600.0
+#: Reply codes are gRPC status codes: a non-negative int32.
+MAX_CODE = 2**31 - 1
+#: Where a ``sub`` may start and end reading, besides an offset.
+STARTS = ("earliest", "latest")
+ENDS = ("latest",)
+_TIMEOUT_RULE = f"a number of seconds more than 0 and at most {MAX_CALL_TIMEOUT:g}"
 
 
 class State(enum.Enum):
@@ -75,8 +111,19 @@ class State(enum.Enum):
     ERROR = "error"
 
 
-_CLIENT_SENDS = (Publish, Subscribe, Unsubscribe, Credit, Ack, Nack, Ping)
-_SERVER_SENDS = (Published, Deliver, Pong, Error)
+_CLIENT_SENDS = (
+    Publish,
+    PublishMany,
+    Call,
+    ReplyTo,
+    Subscribe,
+    Unsubscribe,
+    Credit,
+    Ack,
+    Nack,
+    Ping,
+)
+_SERVER_SENDS = (Published, Replied, Deliver, End, Pong, Error)
 
 
 class NdjsonConnection:
@@ -230,12 +277,132 @@ def _body(obj: Mapping[str, Any]) -> tuple[bytes, str | None]:
         raise RemoteProtocolError(f"field 'b64' is not base64: {e}") from None
 
 
+def _optional_body(obj: Mapping[str, Any]) -> tuple[bytes, str | None]:
+    """Like :func:`_body`, but no body at all is the empty one."""
+    if not any(k in obj for k in ("body", "b64", "json")):
+        return b"", None
+    return _body(obj)
+
+
 _MAX_CREDIT = 2**63 - 1
+#: Offsets in a stored destination (``pos``, ``start``, ``end``).
+_MAX_OFFSET = 2**63 - 1
 
 
 def _content_type(obj: Mapping[str, Any], implied: str | None) -> str | None:
     value = _field(obj, "content_type", str, None)
     return implied if value is None else value
+
+
+def _in_range(value: Any, lo: float, hi: float, *, lo_open: bool) -> bool:
+    """``value`` is a number (not a bool) in ``lo..hi`` (``lo`` excluded if ``lo_open``).
+
+    Compared as it is: a huge int is out of range, not an ``OverflowError``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return (lo < value if lo_open else lo <= value) and value <= hi
+
+
+def _call_timeout_ok(value: Any) -> bool:
+    return _in_range(value, 0, MAX_CALL_TIMEOUT, lo_open=True)
+
+
+def _reply_within_ok(value: Any) -> bool:
+    # Any finite number of seconds: a call may come from a protocol that allows
+    # longer timeouts than ours.
+    return _in_range(value, 0, sys.float_info.max, lo_open=False)
+
+
+def _seconds_field(
+    obj: Mapping[str, Any], key: str, default: Any, ok: Callable[[Any], bool], rule: str
+) -> Any:
+    """A JSON number of seconds, as a float; ``rule`` says what ``ok`` accepts."""
+    value = _field(obj, key, (int, float), default)
+    if value is default:
+        return value
+    if not ok(value):
+        raise RemoteProtocolError(f"field {key!r} must be {rule}")
+    return float(value)
+
+
+def _positions(obj: Mapping[str, Any], key: str = "pos") -> dict[str, int] | None:
+    """``{"dest": offset, …}``; None when absent, null or empty."""
+    value = _field(obj, key, dict, None)
+    if not value:
+        return None
+    for name, offset in value.items():
+        _text(name, key)
+        if isinstance(offset, bool) or not isinstance(offset, int):
+            raise RemoteProtocolError(f"field {key!r} must map names to integer offsets")
+        if not 0 <= offset <= _MAX_OFFSET:
+            raise RemoteProtocolError(f"field {key!r}: offset must be between 0 and {_MAX_OFFSET}")
+    return value
+
+
+def _where(obj: Mapping[str, Any], key: str, words: tuple[str, ...]) -> str | int | None:
+    """``start``/``end`` of a ``sub``: one of ``words``, an offset, or None."""
+    value = _field(obj, key, (str, int), None)
+    if value is None or (isinstance(value, int) and 0 <= value <= _MAX_OFFSET):
+        return value
+    if value in words:
+        return value
+    choices = " or ".join(repr(w) for w in words)
+    raise RemoteProtocolError(
+        f"field {key!r} must be {choices} or an offset between 0 and {_MAX_OFFSET}"
+    )
+
+
+def _filter(obj: Mapping[str, Any]) -> Filter | None:
+    if obj.get("filter") is None:
+        return None
+    try:
+        result = Filter.from_json(obj["filter"])
+    except (ValueError, ArithmeticError, RecursionError) as e:  # FilterError is a ValueError
+        raise RemoteProtocolError(f"field 'filter': {e}") from None
+    for condition in result.conditions:
+        # Lone surrogates are valid JSON but could never be sent again.
+        _text(condition.key, "filter")
+        if isinstance(condition.value, str):
+            _text(condition.value, "filter")
+    return result
+
+
+def _message(obj: Mapping[str, Any], ident: str | int | None) -> Publish:
+    body, implied_type = _body(obj)
+    return Publish(
+        body=body,
+        destination=_field(obj, "dest", str, None),
+        headers=_headers(obj),
+        content_type=_content_type(obj, implied_type),
+        id=ident,
+    )
+
+
+def _publish_many(obj: Mapping[str, Any], ident: str | int | None) -> PublishMany:
+    items = _field(obj, "messages", list)
+    for key in ("body", "b64", "json"):
+        if key in obj:
+            raise RemoteProtocolError(f"a 'pub' with 'messages' cannot have {key!r} too")
+    for key in ("dest", "headers", "content_type"):
+        if obj.get(key) is not None:
+            raise RemoteProtocolError(
+                f"a 'pub' with 'messages' takes {key!r} in each message, not beside them"
+            )
+    if not 1 <= len(items) <= MAX_BATCH:
+        raise RemoteProtocolError(f"'messages' must hold 1 to {MAX_BATCH} messages")
+    messages = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise RemoteProtocolError(f"messages[{i}] is not a JSON object")
+        for key in ("op", "id"):
+            if key in item:
+                raise RemoteProtocolError(f"messages[{i}] cannot have {key!r}")
+        try:
+            messages.append(_message(item, None))
+        except RemoteProtocolError as e:
+            raise RemoteProtocolError(f"messages[{i}]: {e}") from None
+    return PublishMany(tuple(messages), ident)
 
 
 def _parse_client_line(line: bytes) -> Event:
@@ -247,14 +414,32 @@ def _parse_client_line(line: bytes) -> Event:
         return Publish(body=line, content_type="application/json")
     op = obj["op"]
     if op == "pub":
-        body, implied_type = _body(obj)
         ident = _field(obj, "id", (str, int), None)
-        return Publish(
+        if obj.get("messages") is not None:
+            return _publish_many(obj, ident)
+        return _message(obj, ident)
+    if op == "call":
+        body, implied_type = _body(obj)
+        return Call(
             body=body,
             destination=_field(obj, "dest", str, None),
             headers=_headers(obj),
             content_type=_content_type(obj, implied_type),
-            id=ident,
+            id=_field(obj, "id", (str, int), None),
+            timeout=_seconds_field(
+                obj, "timeout", DEFAULT_CALL_TIMEOUT, _call_timeout_ok, _TIMEOUT_RULE
+            ),
+        )
+    if op == "reply":
+        tag = _int_field(obj, "tag", 1, _MAX_CREDIT)
+        body, implied_type = _optional_body(obj)
+        return ReplyTo(
+            tag=tag,
+            body=body,
+            headers=_headers(obj),
+            content_type=_content_type(obj, implied_type),
+            code=_int_field(obj, "code", 0, MAX_CODE, 0),
+            error=_field(obj, "error", str, ""),
         )
     if op == "sub":
         return Subscribe(
@@ -262,6 +447,9 @@ def _parse_client_line(line: bytes) -> Event:
             group=_field(obj, "group", str, None),
             credit=_int_field(obj, "credit", 0, _MAX_CREDIT, None),
             window=_int_field(obj, "window", 1, MAX_WINDOW, 100),
+            filter=_filter(obj),
+            start=_where(obj, "start", STARTS),
+            end=_where(obj, "end", ENDS),
         )
     if op == "unsub":
         return Unsubscribe(_field(obj, "dest", str))
@@ -282,11 +470,27 @@ def _parse_server_line(line: bytes) -> Event:
         raise RemoteProtocolError("each line must be a JSON object")
     op = obj.get("op")
     if op == "ack":
-        status = _field(obj, "status", str)
-        if status not in STATUSES:
-            raise RemoteProtocolError(f"unknown status {status!r}")
         return Published(
-            _field(obj, "id", (str, int), None), status, _field(obj, "reason", str, "")
+            _field(obj, "id", (str, int), None),
+            _status(obj),
+            _field(obj, "reason", str, ""),
+            positions=_positions(obj),
+            results=_results(obj),
+        )
+    if op == "reply":
+        # The server always writes "id" (null for a call without one); a line
+        # without it is a client's reply by tag sent the wrong way.
+        if "id" not in obj:
+            raise RemoteProtocolError("'reply' needs the field 'id'")
+        ident = _field(obj, "id", (str, int), None)
+        body, implied_type = _optional_body(obj)
+        return Replied(
+            id=ident,
+            body=body,
+            headers=_headers(obj),
+            content_type=_content_type(obj, implied_type),
+            code=_int_field(obj, "code", 0, MAX_CODE, 0),
+            error=_field(obj, "error", str, ""),
         )
     if op == "msg":
         body, implied_type = _body(obj)
@@ -297,12 +501,51 @@ def _parse_server_line(line: bytes) -> Event:
             headers=_headers(obj),
             content_type=_content_type(obj, implied_type),
             redelivered=_field(obj, "redelivered", bool, False),
+            position=_int_field(obj, "pos", 0, _MAX_OFFSET, None),
+            call=_field(obj, "call", bool, False),
+            reply_within=_seconds_field(
+                obj, "reply_within", None, _reply_within_ok, "a finite number of seconds >= 0"
+            ),
         )
+    if op == "end":
+        return End(_field(obj, "dest", str))
     if op == "pong":
         return Pong()
     if op == "error":
         return Error(_field(obj, "error", str))
     raise RemoteProtocolError(f"unknown op {op!r}")
+
+
+def _status(obj: Mapping[str, Any], where: str = "'ack'") -> str:
+    if "status" not in obj:
+        raise RemoteProtocolError(f"{where} needs the field 'status'")
+    status = _field(obj, "status", str)
+    if status not in STATUSES:
+        raise RemoteProtocolError(f"unknown status {status!r}")
+    return status
+
+
+def _results(obj: Mapping[str, Any]) -> tuple[ItemResult, ...] | None:
+    items = _field(obj, "results", list, None)
+    if items is None:
+        return None
+    if len(items) > MAX_BATCH:
+        raise RemoteProtocolError(f"'results' holds more than {MAX_BATCH} entries")
+    results = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise RemoteProtocolError(f"results[{i}] is not a JSON object")
+        try:
+            results.append(
+                ItemResult(
+                    _status(item, f"results[{i}]"),
+                    _field(item, "reason", str, ""),
+                    _positions(item),
+                )
+            )
+        except RemoteProtocolError as e:
+            raise RemoteProtocolError(f"results[{i}]: {e}") from None
+    return tuple(results)
 
 
 # -- serializing -----------------------------------------------------------------------
@@ -311,6 +554,53 @@ def _body_fields(out: dict[str, Any], body: bytes) -> None:
         out["body"] = body.decode("utf-8")
     except UnicodeDecodeError:
         out["b64"] = base64.b64encode(body).decode("ascii")
+
+
+def _message_fields(
+    out: dict[str, Any], event: Publish | Call | ReplyTo | Replied | Deliver
+) -> None:
+    if event.headers:
+        out["headers"] = dict(event.headers)
+    if event.content_type is not None:
+        out["content_type"] = event.content_type
+
+
+def _item_object(message: Publish) -> dict[str, Any]:
+    """One entry of a ``pub`` line's ``messages``."""
+    if not isinstance(message, Publish):
+        raise LocalProtocolError(f"a PublishMany holds Publish events, not {message!r}")
+    if message.id is not None:
+        raise LocalProtocolError("a message in a PublishMany has no id of its own")
+    out: dict[str, Any] = {}
+    if message.destination is not None:
+        out["dest"] = message.destination
+    _body_fields(out, message.body)
+    _message_fields(out, message)
+    return out
+
+
+def _seconds(value: float, ok: Callable[[Any], bool], what: str, rule: str) -> int | float:
+    """``value`` for the wire; an integral float is written as an int (``5``, not ``5.0``)."""
+    if not ok(value):
+        raise LocalProtocolError(f"{what} must be {rule}, not {value!r}")
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _code(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_CODE:
+        raise LocalProtocolError(f"a reply code must be an int from 0 to {MAX_CODE}, not {value!r}")
+    return value
+
+
+def _item_result(result: ItemResult) -> dict[str, Any]:
+    out: dict[str, Any] = {"status": result.status}
+    if result.reason:
+        out["reason"] = result.reason
+    if result.positions:
+        out["pos"] = dict(result.positions)
+    return out
 
 
 def _to_object(event: Event) -> dict[str, Any]:
@@ -322,22 +612,81 @@ def _to_object(event: Event) -> dict[str, Any]:
         if event.destination is not None:
             out["dest"] = event.destination
         _body_fields(out, event.body)
+    elif isinstance(event, PublishMany):
+        if not 1 <= len(event.messages) <= MAX_BATCH:
+            raise LocalProtocolError(f"a PublishMany holds 1 to {MAX_BATCH} messages")
+        out = {"op": "pub"}
+        if event.id is not None:
+            out["id"] = event.id
+        out["messages"] = [_item_object(m) for m in event.messages]
+        return out
+    elif isinstance(event, Call):
+        timeout = _seconds(event.timeout, _call_timeout_ok, "a call's timeout", _TIMEOUT_RULE)
+        out = {"op": "call"}
+        if event.id is not None:
+            out["id"] = event.id
+        if event.destination is not None:
+            out["dest"] = event.destination
+        _body_fields(out, event.body)
+        _message_fields(out, event)
+        out["timeout"] = timeout
+        return out
+    elif isinstance(event, ReplyTo):
+        out = {"op": "reply", "tag": event.tag}
+        if event.body:
+            _body_fields(out, event.body)
+        _message_fields(out, event)
+        if _code(event.code):
+            out["code"] = event.code
+        if event.error:
+            out["error"] = event.error
+        return out
+    elif isinstance(event, Replied):
+        out = {"op": "reply", "id": event.id, "code": _code(event.code)}
+        if event.body:
+            _body_fields(out, event.body)
+        _message_fields(out, event)
+        if event.error:
+            out["error"] = event.error
+        return out
     elif isinstance(event, Deliver):
         out = {"op": "msg", "tag": event.tag, "dest": event.destination}
         _body_fields(out, event.body)
         if event.redelivered:
             out["redelivered"] = True
+        if event.position is not None:
+            out["pos"] = event.position
+        if event.call:
+            out["call"] = True
+        if event.reply_within is not None:
+            out["reply_within"] = _seconds(
+                event.reply_within, _reply_within_ok, "reply_within", "finite and >= 0"
+            )
     elif isinstance(event, Published):
         out = {"op": "ack", "id": event.id, "status": event.status}
         if event.reason:
             out["reason"] = event.reason
+        if event.positions:
+            out["pos"] = dict(event.positions)
+        if event.results is not None:
+            if len(event.results) > MAX_BATCH:
+                raise LocalProtocolError(f"more than {MAX_BATCH} results")
+            out["results"] = [_item_result(r) for r in event.results]
         return out
+    elif isinstance(event, End):
+        return {"op": "end", "dest": event.destination}
     elif isinstance(event, Subscribe):
         out = {"op": "sub", "dest": event.destination, "window": event.window}
         if event.group is not None:
             out["group"] = event.group
         if event.credit is not None:
             out["credit"] = event.credit
+        if event.filter is not None:
+            out["filter"] = event.filter.to_json()
+        if event.start is not None:
+            out["start"] = event.start
+        if event.end is not None:
+            out["end"] = event.end
         return out
     elif isinstance(event, Unsubscribe):
         return {"op": "unsub", "dest": event.destination}
@@ -355,10 +704,7 @@ def _to_object(event: Event) -> dict[str, Any]:
         return {"op": "error", "error": event.message}
     else:  # pragma: no cover - guarded by the role check in send()
         raise LocalProtocolError(f"cannot send {event!r}")
-    if event.headers:
-        out["headers"] = dict(event.headers)
-    if event.content_type is not None:
-        out["content_type"] = event.content_type
+    _message_fields(out, event)
     return out
 
 

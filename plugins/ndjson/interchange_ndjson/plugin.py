@@ -1,10 +1,13 @@
 """The trio driver of the ndjson codec, in both roles, registered as a plugin.
 
-Server role: each ``pub`` line is published to the hub and answered with an
-``ack`` line once its receipt settles (never before); each ``sub`` starts a
-pump that sends ``msg`` lines as credit and the window allow; ``ack``/``nack``
-lines settle deliveries. Reading pauses while ``max_inflight`` publishes are
-unacked or while the hub's buffer is full.
+Server role: each ``pub`` line (one message or a batch) is published to the
+hub and answered with an ``ack`` line once its receipt settles (never
+before), with each message's result for a batch; a ``call`` is answered with
+the subscriber's ``reply``, or an ``ack`` saying why it failed. Each ``sub``
+starts a pump that sends ``msg`` lines as credit and the window allow, and an
+``end`` line when a finite read is complete; ``ack``/``nack``/``reply`` lines
+settle deliveries. Reading pauses while ``max_inflight`` publishes and calls
+are unanswered or while the hub's buffer is full.
 
 Client role (an upstream): messages routed to the upstream are sent as ``pub``
 lines with ids; a delivery is acked to the hub only when the server's ``ack``
@@ -16,13 +19,14 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Mapping
 from typing import Any
 
 import trio
 
-from gateway.destination import Subscription
+from gateway.destination import EndOfStream, Subscription
 from gateway.errors import RemoteProtocolError
-from gateway.model import Message, Outcome
+from gateway.model import Message, Outcome, Position, Reply
 from gateway.plugin import (
     ConnectionInfo,
     Option,
@@ -35,16 +39,22 @@ from gateway.receipts import Receipt
 from .codec import CLIENT, DEFAULT_MAX_LINE, NEED_DATA, SERVER, NdjsonConnection
 from .events import (
     Ack,
+    Call,
     ConnectionClosed,
     Credit,
     Deliver,
+    End,
     Error,
     Event,
+    ItemResult,
     Nack,
     Ping,
     Pong,
     Publish,
     Published,
+    PublishMany,
+    Replied,
+    ReplyTo,
     Subscribe,
     Unsubscribe,
 )
@@ -52,6 +62,9 @@ from .events import (
 __all__ = ["NdjsonPlugin", "plugin"]
 
 RECEIVE_SIZE = 65536
+#: Reply codes ndjson carries (gRPC's numbering); others become UNKNOWN (2).
+MAX_CODE = 2**31 - 1
+UNKNOWN_CODE = 2
 #: Unsent output above which subscription pumps wait for the socket.
 WRITE_HIGH_WATER = 1024 * 1024
 _STATUS = {Outcome.DELIVERED: "delivered", Outcome.FAILED: "failed", Outcome.REJECTED: "rejected"}
@@ -106,6 +119,8 @@ class _ServerSession:
         #: Woken when a publish is answered or a delivery settled.
         self._progress = trio.lowlevel.ParkingLot()
         self.subs: dict[str, tuple[Subscription, trio.CancelScope]] = {}
+        #: Finite subscriptions that reached their end: kept open for acks until we close.
+        self.ended: list[Subscription] = []
         self.tags: dict[int, tuple[Subscription, int]] = {}
         self._next_tag = itertools.count(1)
         conn.pending = lambda: self.inflight > 0 or bool(self.subs)
@@ -124,6 +139,8 @@ class _ServerSession:
                 nursery.cancel_scope.cancel()
         finally:
             for sub, _ in self.subs.values():
+                sub.close()
+            for sub in self.ended:
                 sub.close()
 
     async def _close_when_drained(self) -> None:
@@ -164,6 +181,20 @@ class _ServerSession:
     async def _handle(self, event: Event) -> None:
         if isinstance(event, Publish):
             await self._publish(event)
+        elif isinstance(event, PublishMany):
+            await self._publish_many(event)
+        elif isinstance(event, Call):
+            await self._call(event)
+        elif isinstance(event, ReplyTo):
+            sub, tag = self._delivery(event.tag, keep=True)
+            reply = Reply(event.body, event.headers, event.content_type, event.code, event.error)
+            try:
+                sub.reply(tag, reply)
+            except ValueError as e:
+                raise RemoteProtocolError(f"cannot reply to tag {event.tag}: {e}") from None
+            del self.tags[event.tag]
+            if self._progress:
+                self._progress.unpark_all()
         elif isinstance(event, Ack):
             sub, tag = self._delivery(event.tag)
             sub.ack(tag)
@@ -195,32 +226,97 @@ class _ServerSession:
         elif isinstance(event, Ping):
             self.out.write(self.codec.send(Pong()))
 
-    async def _publish(self, event: Publish) -> None:
-        if self.conn.shutdown.is_set():
-            # Draining: acks from subscribers are still read, new messages are not taken.
-            reason = "the gateway is shutting down"
-            self.out.write(self.codec.send(Published(event.id, "failed", reason)))
-            return
-        while self.inflight >= self.max_inflight:
-            await self._progress.park()
-        message = Message(
+    def _message(self, event: Publish | Call) -> Message:
+        return Message(
             destination=event.destination or self.conn.listener.destination,
             body=event.body,
             headers=event.headers,
             content_type=event.content_type,
             source=self.conn.source(),
         )
+
+    async def _admit(self, ident: Any) -> bool:
+        """Wait for room among the unanswered publishes; False while draining (answered)."""
+        if self.conn.shutdown.is_set():
+            # Draining: acks from subscribers are still read, new messages are not taken.
+            reason = "the gateway is shutting down"
+            self.out.write(self.codec.send(Published(ident, "failed", reason)))
+            return False
+        while self.inflight >= self.max_inflight:
+            await self._progress.park()
         self.inflight += 1
+        return True
+
+    async def _publish(self, event: Publish) -> None:
+        if not await self._admit(event.id):
+            return
         try:
-            receipt = await self.conn.hub.publish([message])
+            receipt = await self.conn.hub.publish([self._message(event)])
         except BaseException:
             self._settled(None)
             raise
         receipt.add_done_callback(functools.partial(self._answer, event.id))
 
+    async def _publish_many(self, event: PublishMany) -> None:
+        if not await self._admit(event.id):
+            return
+        try:
+            receipt = await self.conn.hub.publish([self._message(m) for m in event.messages])
+        except BaseException:
+            self._settled(None)
+            raise
+        receipt.add_done_callback(functools.partial(self._answer_many, event.id))
+
+    async def _call(self, event: Call) -> None:
+        if not await self._admit(event.id):
+            return
+        try:
+            receipt = await self.conn.hub.call(self._message(event), event.timeout)
+        except BaseException:
+            self._settled(None)
+            raise
+        receipt.add_done_callback(functools.partial(self._answer_call, event.id))
+
     def _answer(self, ident: Any, receipt: Receipt) -> None:
         assert receipt.outcome is not None
-        self.out.write(self.codec.send(Published(ident, _STATUS[receipt.outcome], receipt.reason)))
+        result = receipt.result(0)
+        self.out.write(
+            self.codec.send(
+                Published(
+                    ident,
+                    _STATUS[receipt.outcome],
+                    receipt.reason,
+                    positions=_offsets(result.positions),
+                )
+            )
+        )
+        self._settled(receipt)
+
+    def _answer_many(self, ident: Any, receipt: Receipt) -> None:
+        assert receipt.outcome is not None
+        results = tuple(
+            ItemResult(_STATUS[r.outcome], r.reason, _offsets(r.positions))
+            for r in receipt.results()
+        )
+        self.out.write(
+            self.codec.send(
+                Published(ident, _STATUS[receipt.outcome], receipt.reason, results=results)
+            )
+        )
+        self._settled(receipt)
+
+    def _answer_call(self, ident: Any, receipt: Receipt) -> None:
+        assert receipt.outcome is not None
+        reply = receipt.reply
+        if reply is None:
+            answer: Event = Published(ident, _STATUS[receipt.outcome], receipt.reason)
+        else:
+            # Another protocol's service may use codes outside ndjson's range.
+            code = reply.status if 0 <= reply.status <= MAX_CODE else UNKNOWN_CODE
+            answer = Replied(
+                ident, reply.body, reply.headers, reply.content_type, code, reply.message
+            )
+        self.out.write(self.codec.send(answer))
         self._settled(receipt)
 
     def _settled(self, _: Receipt | None) -> None:
@@ -233,9 +329,18 @@ class _ServerSession:
             raise RemoteProtocolError("the gateway is shutting down")
         if event.destination in self.subs:
             raise RemoteProtocolError(f"already subscribed to {event.destination!r}")
-        sub = self.conn.hub.subscribe(
-            event.destination, event.group, credit=event.credit, max_unacked=event.window
-        )
+        try:
+            sub = self.conn.hub.subscribe(
+                event.destination,
+                event.group,
+                credit=event.credit,
+                max_unacked=event.window,
+                start=event.start,  # type: ignore[arg-type]
+                end=event.end,  # type: ignore[arg-type]
+                filter=event.filter,
+            )
+        except (ValueError, LookupError) as e:
+            raise RemoteProtocolError(f"cannot subscribe to {event.destination!r}: {e}") from None
         scope = trio.CancelScope()
         self.subs[event.destination] = (sub, scope)
         self.nursery.start_soon(self._pump, sub, scope)
@@ -243,13 +348,32 @@ class _ServerSession:
     async def _pump(self, sub: Subscription, scope: trio.CancelScope) -> None:
         with scope:
             while True:
-                for d in await sub.receive():
+                try:
+                    deliveries = await sub.receive()
+                except EndOfStream:
+                    # Finite read done: say so, and keep the subscription for its acks.
+                    del self.subs[sub.destination]
+                    self.ended.append(sub)
+                    await self.out.write_when_room(self.codec.send(End(sub.destination)))
+                    return
+                now = trio.current_time()
+                for d in deliveries:
                     tag = next(self._next_tag)
                     self.tags[tag] = (sub, d.tag)
                     m = d.message
                     line = self.codec.send(
                         Deliver(
-                            tag, m.destination, m.body, m.headers, m.content_type, d.redelivered
+                            tag,
+                            m.destination,
+                            m.body,
+                            m.headers,
+                            m.content_type,
+                            d.redelivered,
+                            position=None if d.position is None else d.position.offset,
+                            call=d.reply_by is not None,
+                            reply_within=(
+                                None if d.reply_by is None else round(max(0.0, d.reply_by - now), 3)
+                            ),
                         )
                     )
                     await self.out.write_when_room(line)
@@ -260,11 +384,16 @@ class _ServerSession:
         except KeyError:
             raise RemoteProtocolError(f"not subscribed to {destination!r}") from None
 
-    def _delivery(self, tag: int) -> tuple[Subscription, int]:
+    def _delivery(self, tag: int, *, keep: bool = False) -> tuple[Subscription, int]:
         try:
-            return self.tags.pop(tag)
+            return self.tags[tag] if keep else self.tags.pop(tag)
         except KeyError:
             raise RemoteProtocolError(f"unknown delivery tag {tag}") from None
+
+
+def _offsets(positions: Mapping[str, Position]) -> dict[str, int] | None:
+    """Positions as the ``pos`` object of an ``ack`` line (None when there are none)."""
+    return {name: p.offset for name, p in positions.items()} if positions else None
 
 
 class _ClientSession:

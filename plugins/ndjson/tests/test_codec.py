@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -34,9 +35,18 @@ from interchange_ndjson import (
     Subscribe,
     Unsubscribe,
 )
-from interchange_ndjson.codec import DEFAULT_MAX_LINE, Role, State
+from interchange_ndjson.codec import (
+    DEFAULT_CALL_TIMEOUT,
+    DEFAULT_MAX_LINE,
+    MAX_BATCH,
+    MAX_CALL_TIMEOUT,
+    Role,
+    State,
+)
+from interchange_ndjson.events import Call, End, ItemResult, PublishMany, Replied, ReplyTo
 
 from gateway.errors import LocalProtocolError, RemoteProtocolError
+from gateway.filters import Condition, Filter, Op
 
 # -- helpers ------------------------------------------------------------------------
 
@@ -137,6 +147,87 @@ CLIENT_GOLDEN: list[tuple[bytes, Event]] = [
     (b'{"op":"nack","tag":5,"requeue":false}\n', Nack(5, requeue=False)),
     (b'{"op":"nack","tag":6,"requeue":true}\n', Nack(6)),
     (b'{"op":"ping"}\n', Ping()),
+    # pub with messages: a batch, one answer.
+    (
+        b'{"op":"pub","id":1,"messages":[{"body":"a"},'
+        b'{"dest":"x","body":"{\\"k\\":1}","headers":{"h":"v"},"content_type":"application/json"},'
+        b'{"b64":"/wA="}]}\n',
+        PublishMany(
+            (
+                Publish(b"a"),
+                Publish(b'{"k":1}', "x", {"h": "v"}, "application/json"),
+                Publish(b"\xff\x00"),
+            ),
+            id=1,
+        ),
+    ),
+    (b'{"op":"pub","messages":[{"body":""}]}\n', PublishMany((Publish(b""),))),
+    (
+        b'{"op":"pub","id":"b","messages":[{"dest":"\xc3\xa9","b64":"//4A"}]}\n',
+        PublishMany((Publish(b"\xff\xfe\x00", "\u00e9"),), "b"),
+    ),
+    # call.
+    (
+        b'{"op":"call","id":1,"dest":"svc","body":"ping","headers":{"a":"b"},'
+        b'"content_type":"text/plain","timeout":5}\n',
+        Call(b"ping", "svc", {"a": "b"}, "text/plain", 1, 5.0),
+    ),
+    (b'{"op":"call","body":"x","timeout":30}\n', Call(b"x")),
+    (
+        b'{"op":"call","id":"c","b64":"/w==","timeout":0.25}\n',
+        Call(b"\xff", id="c", timeout=0.25),
+    ),
+    (b'{"op":"call","body":"","timeout":3600}\n', Call(b"", timeout=3600.0)),
+    # reply, by tag.
+    (
+        b'{"op":"reply","tag":7,"body":"pong","headers":{"h":"v"},'
+        b'"content_type":"text/plain","code":5,"error":"not found"}\n',
+        ReplyTo(7, b"pong", {"h": "v"}, "text/plain", 5, "not found"),
+    ),
+    (b'{"op":"reply","tag":7}\n', ReplyTo(7)),
+    (
+        b'{"op":"reply","tag":1,"b64":"gA==","code":2147483647}\n',
+        ReplyTo(1, b"\x80", code=2**31 - 1),
+    ),
+    (b'{"op":"reply","tag":2,"error":"e"}\n', ReplyTo(2, error="e")),
+    # sub with a filter, a start and an end.
+    (
+        b'{"op":"sub","dest":"logs","window":100,'
+        b'"filter":[["level","=","error"],["size",">",10]],"start":"earliest","end":"latest"}\n',
+        Subscribe(
+            "logs",
+            filter=Filter((Condition("level", Op.EQ, "error"), Condition("size", Op.GT, 10))),
+            start="earliest",
+            end="latest",
+        ),
+    ),
+    (
+        b'{"op":"sub","dest":"o","window":100,"start":0,"end":12}\n',
+        Subscribe("o", start=0, end=12),
+    ),
+    (
+        b'{"op":"sub","dest":"o","window":100,"filter":[],"start":"latest"}\n',
+        Subscribe("o", filter=Filter(), start="latest"),
+    ),
+    (
+        b'{"op":"sub","dest":"o","window":1,"group":"g","credit":0,'
+        b'"filter":[["ts",">=",{"date":"2024-01-01T00:00:00+00:00"}],'
+        b'["k","!contains","\xc3\xa9"],["n","<=",0.5]],"end":9223372036854775807}\n',
+        Subscribe(
+            "o",
+            group="g",
+            credit=0,
+            window=1,
+            filter=Filter(
+                (
+                    Condition("ts", Op.GE, datetime(2024, 1, 1, tzinfo=UTC)),
+                    Condition("k", Op.NOT_CONTAINS, "\u00e9"),
+                    Condition("n", Op.LE, 0.5),
+                )
+            ),
+            end=2**63 - 1,
+        ),
+    ),
 ]
 
 SERVER_GOLDEN: list[tuple[bytes, Event]] = [
@@ -165,6 +256,57 @@ SERVER_GOLDEN: list[tuple[bytes, Event]] = [
     ),
     (b'{"op":"pong"}\n', Pong()),
     (b'{"op":"error","error":"bad line"}\n', Error("bad line")),
+    # ack with positions, and the answer to a batch.
+    (
+        b'{"op":"ack","id":1,"status":"delivered","pos":{"logs":41,"audit":0}}\n',
+        Published(1, "delivered", positions={"logs": 41, "audit": 0}),
+    ),
+    (
+        b'{"op":"ack","id":2,"status":"rejected","reason":"1 of 3",'
+        b'"results":[{"status":"delivered"},{"status":"rejected","reason":"no route"},'
+        b'{"status":"delivered","pos":{"x":3}}]}\n',
+        Published(
+            2,
+            "rejected",
+            "1 of 3",
+            results=(
+                ItemResult("delivered"),
+                ItemResult("rejected", "no route"),
+                ItemResult("delivered", positions={"x": 3}),
+            ),
+        ),
+    ),
+    (
+        b'{"op":"ack","id":null,"status":"failed","results":[]}\n',
+        Published(None, "failed", results=()),
+    ),
+    # reply, by id.
+    (
+        b'{"op":"reply","id":1,"code":0,"body":"pong","headers":{"h":"v"},'
+        b'"content_type":"text/plain"}\n',
+        Replied(1, b"pong", {"h": "v"}, "text/plain"),
+    ),
+    (
+        b'{"op":"reply","id":"c","code":5,"error":"not found"}\n',
+        Replied("c", code=5, error="not found"),
+    ),
+    (b'{"op":"reply","id":null,"code":0,"b64":"/w=="}\n', Replied(None, b"\xff")),
+    # msg of a stored destination, and of a call.
+    (
+        b'{"op":"msg","tag":7,"dest":"svc","body":"ping","pos":12,"call":true,'
+        b'"reply_within":4.5}\n',
+        Deliver(7, "svc", b"ping", position=12, call=True, reply_within=4.5),
+    ),
+    (
+        b'{"op":"msg","tag":8,"dest":"logs","body":"x","redelivered":true,"pos":0,'
+        b'"headers":{"a":"b"}}\n',
+        Deliver(8, "logs", b"x", {"a": "b"}, redelivered=True, position=0),
+    ),
+    (
+        b'{"op":"msg","tag":9,"dest":"svc","b64":"gA==","call":true,"reply_within":5}\n',
+        Deliver(9, "svc", b"\x80", call=True, reply_within=5.0),
+    ),
+    (b'{"op":"end","dest":"logs"}\n', End("logs")),
 ]
 
 # Lines a peer may send that are not what ``send`` writes: (line, event).
@@ -204,6 +346,53 @@ CLIENT_PARSE_ONLY: list[tuple[bytes, Event]] = [
     ),
     # Unknown fields are ignored.
     (b'{"op":"ping","extra":[1]}\n', Ping()),
+    # The batch as a person types it: json items, fields in any order.
+    (
+        b'{"op":"pub","id":1,"messages":[{"body":"a"},'
+        b'{"json":{"k":1},"dest":"x","headers":{"h":"v"}},{"b64":"AAE="}]}\n',
+        PublishMany(
+            (
+                Publish(b"a"),
+                Publish(b'{"k":1}', "x", {"h": "v"}, "application/json"),
+                Publish(b"\x00\x01"),
+            ),
+            id=1,
+        ),
+    ),
+    (
+        b'{"messages":[{"json":[1],"content_type":"a/b+json"}],"op":"pub","dest":null}\n',
+        PublishMany((Publish(b"[1]", content_type="a/b+json"),)),
+    ),
+    # "messages": null is no batch.
+    (b'{"op":"pub","messages":null,"body":"x"}\n', Publish(b"x")),
+    (
+        b'{"op":"call","json":{"q":1},"timeout":null}\n',
+        Call(b'{"q":1}', content_type="application/json"),
+    ),
+    (b'{"op":"call","body":"x","timeout":0.001}\n', Call(b"x", timeout=0.001)),
+    (b'{"op":"call","body":"x","timeout":3600.0}\n', Call(b"x", timeout=3600.0)),
+    (b'{"op":"call","body":"x"}\n', Call(b"x", timeout=DEFAULT_CALL_TIMEOUT)),
+    (b'{"op":"call","body":"x","timeout":1e1}\n', Call(b"x", timeout=10.0)),
+    (
+        b'{"op":"reply","tag":3,"json":[1]}\n',
+        ReplyTo(3, b"[1]", content_type="application/json"),
+    ),
+    (b'{"op":"reply","tag":7,"code":0,"error":""}\n', ReplyTo(7)),
+    (b'{"op":"reply","tag":7,"code":null,"error":null,"headers":null}\n', ReplyTo(7)),
+    (b'{"op":"reply","tag":7,"body":""}\n', ReplyTo(7)),
+    (
+        b'{"op":"sub","dest":"q","filter":{"level":"error","code":500}}\n',
+        Subscribe(
+            "q", filter=Filter((Condition("level", Op.EQ, "error"), Condition("code", Op.EQ, 500)))
+        ),
+    ),
+    (
+        b'{"op":"sub","dest":"q","filter":[["t","<",{"date":0}]]}\n',
+        Subscribe("q", filter=Filter((Condition("t", Op.LT, datetime(1970, 1, 1, tzinfo=UTC)),))),
+    ),
+    (b'{"op":"sub","dest":"q","filter":null,"start":null,"end":null}\n', Subscribe("q")),
+    (b'{"op":"sub","dest":"q","filter":{}}\n', Subscribe("q", filter=Filter())),
+    (b'{"op":"sub","dest":"q","start":"latest","end":0}\n', Subscribe("q", start="latest", end=0)),
 ]
 
 SERVER_PARSE_ONLY: list[tuple[bytes, Event]] = [
@@ -213,6 +402,37 @@ SERVER_PARSE_ONLY: list[tuple[bytes, Event]] = [
     ),
     (b'{"op":"ack","status":"delivered"}\n', Published(None, "delivered")),
     (b'{"op":"pong"}\r\n', Pong()),
+    # Empty or null positions and results are none.
+    (b'{"op":"ack","id":1,"status":"delivered","pos":{}}\n', Published(1, "delivered")),
+    (
+        b'{"op":"ack","id":1,"status":"delivered","pos":null,"results":null}\n',
+        Published(1, "delivered"),
+    ),
+    (
+        b'{"op":"ack","id":1,"status":"failed","results":[{"status":"failed","pos":{},'
+        b'"reason":null}]}\n',
+        Published(1, "failed", results=(ItemResult("failed"),)),
+    ),
+    (b'{"op":"reply","id":1}\n', Replied(1)),
+    (b'{"op":"reply","id":null,"code":null}\n', Replied(None)),
+    (
+        b'{"op":"reply","id":1,"json":{"a":1}}\n',
+        Replied(1, b'{"a":1}', content_type="application/json"),
+    ),
+    # A client's reply is by tag; here the tag is just an unknown field.
+    (b'{"op":"reply","id":4,"tag":4}\n', Replied(4)),
+    (
+        b'{"op":"msg","tag":1,"dest":"d","body":"x","pos":null,"call":false,"reply_within":null}\n',
+        Deliver(1, "d", b"x"),
+    ),
+    (
+        b'{"op":"msg","tag":1,"dest":"d","body":"x","call":true,"reply_within":0}\n',
+        Deliver(1, "d", b"x", call=True, reply_within=0.0),
+    ),
+    (
+        b'{"op":"msg","tag":1,"dest":"d","body":"x","call":true,"reply_within":86400.5}\n',
+        Deliver(1, "d", b"x", call=True, reply_within=86400.5),
+    ),
 ]
 
 
@@ -296,10 +516,34 @@ def _stream(vectors: Sequence[tuple[bytes, Event]]) -> tuple[bytes, list[Event]]
     return bytes(data), events
 
 
+def _streams(
+    name: str, role: Role, vectors: Sequence[tuple[bytes, Event]], size: int = 16
+) -> dict[str, tuple[Role, bytes, list[Event]]]:
+    """``vectors`` as streams of ``size`` lines: splitting at every byte is quadratic."""
+    return {
+        f"{name}-{i // size}": (role, *_stream(vectors[i : i + size]))
+        for i in range(0, len(vectors), size)
+    }
+
+
 STREAMS = {
-    "to-server": (SERVER, *_stream(CLIENT_GOLDEN + CLIENT_PARSE_ONLY)),
-    "to-client": (CLIENT, *_stream(SERVER_GOLDEN + SERVER_PARSE_ONLY)),
+    **_streams("to-server", SERVER, CLIENT_GOLDEN + CLIENT_PARSE_ONLY),
+    **_streams("to-client", CLIENT, SERVER_GOLDEN + SERVER_PARSE_ONLY),
 }
+
+
+def test_streams_hold_every_op_both_ways() -> None:
+    ops: dict[Role, set[str]] = {CLIENT: set(), SERVER: set()}
+    for role, data, _ in STREAMS.values():
+        for line in data.splitlines():
+            if line.strip():
+                ops[role].add(json.loads(line).get("op", "(bare)"))
+    assert ops[SERVER] == {"(bare)", "pub", "call", "reply", "sub", "unsub", "credit"} | {
+        "ack",
+        "nack",
+        "ping",
+    }
+    assert ops[CLIENT] == {"ack", "reply", "msg", "end", "pong", "error"}
 
 
 @pytest.mark.parametrize("name", STREAMS)
@@ -499,13 +743,21 @@ def test_limit_applies_before_eof_check() -> None:
 
 SERVER_ONLY_EVENTS: list[Event] = [
     Published(1, "delivered"),
+    Published(1, "delivered", positions={"d": 1}, results=(ItemResult("delivered"),)),
+    Replied(1, b"x"),
     Deliver(1, "d", b"x"),
+    Deliver(1, "d", b"x", position=3, call=True, reply_within=1.0),
+    End("d"),
     Pong(),
     Error("e"),
 ]
 CLIENT_ONLY_EVENTS: list[Event] = [
     Publish(b"x"),
+    PublishMany((Publish(b"x"),), 1),
+    Call(b"x", "svc", id=1),
+    ReplyTo(1, b"x"),
     Subscribe("d"),
+    Subscribe("d", filter=Filter.equals(a="b"), start="earliest", end="latest"),
     Unsubscribe("d"),
     Credit("d", 1),
     Ack(1),
@@ -664,6 +916,117 @@ TO_SERVER_BAD: list[bytes] = [
     b'{"op":"pub","body":"\\ude00\\ud83d"}',
     b'{"op":"pub","json":["\\ud800"]}',
     b'{"op":"pub","json":{"\\udfff":1}}',
+    # pub with messages: 1 to MAX_BATCH items, each a message of its own.
+    b'{"op":"pub","messages":[]}',
+    b'{"op":"pub","messages":[' + b",".join([b'{"body":""}'] * (MAX_BATCH + 1)) + b"]}",
+    b'{"op":"pub","messages":{"body":"a"}}',
+    b'{"op":"pub","messages":"a"}',
+    b'{"op":"pub","messages":true}',
+    b'{"op":"pub","messages":["a"]}',
+    b'{"op":"pub","messages":[null]}',
+    b'{"op":"pub","messages":[[]]}',
+    b'{"op":"pub","messages":[{}]}',
+    b'{"op":"pub","messages":[{"dest":"x"}]}',
+    b'{"op":"pub","messages":[{"body":"a","b64":"YQ=="}]}',
+    b'{"op":"pub","messages":[{"body":"a"},{"body":"a","json":1}]}',
+    b'{"op":"pub","messages":[{"body":"a","op":"pub"}]}',
+    b'{"op":"pub","messages":[{"body":"a","op":null}]}',
+    b'{"op":"pub","messages":[{"body":"a","id":1}]}',
+    b'{"op":"pub","messages":[{"body":"a","id":null}]}',
+    b'{"op":"pub","messages":[{"messages":[{"body":"a"}]}]}',
+    b'{"op":"pub","messages":[{"b64":"YQ="}]}',
+    b'{"op":"pub","messages":[{"body":1}]}',
+    b'{"op":"pub","messages":[{"body":"a","dest":1}]}',
+    b'{"op":"pub","messages":[{"body":"a","headers":{"k":1}}]}',
+    b'{"op":"pub","messages":[{"body":"a","content_type":true}]}',
+    b'{"op":"pub","messages":[{"body":"\\ud800"}]}',
+    b'{"op":"pub","messages":[{"body":"a","dest":"\\udc00"}]}',
+    b'{"op":"pub","messages":[{"body":"a"}],"body":"b"}',
+    b'{"op":"pub","messages":[{"body":"a"}],"b64":"YQ=="}',
+    b'{"op":"pub","messages":[{"body":"a"}],"json":null}',
+    b'{"op":"pub","messages":[{"body":"a"}],"dest":"x"}',
+    b'{"op":"pub","messages":[{"body":"a"}],"headers":{"k":"v"}}',
+    b'{"op":"pub","messages":[{"body":"a"}],"content_type":"text/plain"}',
+    b'{"op":"pub","messages":[{"body":"a"}],"id":true}',
+    b'{"op":"pub","messages":[{"body":"a"}],"id":1.5}',
+    # call: one body; a timeout in seconds, 0 < timeout <= 3600.
+    b'{"op":"call","timeout":5}',
+    b'{"op":"call","body":"a","b64":"YQ==","timeout":5}',
+    b'{"op":"call","body":"a","timeout":0}',
+    b'{"op":"call","body":"a","timeout":0.0}',
+    b'{"op":"call","body":"a","timeout":-0.0}',
+    b'{"op":"call","body":"a","timeout":-1}',
+    b'{"op":"call","body":"a","timeout":-0.5}',
+    b'{"op":"call","body":"a","timeout":true}',
+    b'{"op":"call","body":"a","timeout":false}',
+    b'{"op":"call","body":"a","timeout":3600.0001}',
+    b'{"op":"call","body":"a","timeout":3601}',
+    b'{"op":"call","body":"a","timeout":1e400}',
+    b'{"op":"call","body":"a","timeout":-1e400}',
+    b'{"op":"call","body":"a","timeout":' + b"9" * 400 + b"}",
+    b'{"op":"call","body":"a","timeout":"5"}',
+    b'{"op":"call","body":"a","timeout":[5]}',
+    b'{"op":"call","body":"a","timeout":{}}',
+    b'{"op":"call","body":"a","id":true}',
+    b'{"op":"call","body":"a","dest":1}',
+    b'{"op":"call","body":"a","dest":"\\ud800"}',
+    b'{"op":"call","body":"a","headers":{"k":1}}',
+    # reply (by tag): zero or one body, a code 0..2**31-1, an error string.
+    b'{"op":"reply"}',
+    b'{"op":"reply","id":1,"code":0,"body":"x"}',
+    b'{"op":"reply","tag":0}',
+    b'{"op":"reply","tag":"7"}',
+    b'{"op":"reply","tag":true}',
+    b'{"op":"reply","tag":7,"code":-1}',
+    b'{"op":"reply","tag":7,"code":2147483648}',
+    b'{"op":"reply","tag":7,"code":true}',
+    b'{"op":"reply","tag":7,"code":false}',
+    b'{"op":"reply","tag":7,"code":1.0}',
+    b'{"op":"reply","tag":7,"code":"5"}',
+    b'{"op":"reply","tag":7,"error":1}',
+    b'{"op":"reply","tag":7,"error":"\\ud800"}',
+    b'{"op":"reply","tag":7,"body":"a","json":1}',
+    b'{"op":"reply","tag":7,"b64":"YQ="}',
+    b'{"op":"reply","tag":7,"body":null}',
+    b'{"op":"reply","tag":7,"headers":{"k":1}}',
+    # sub: filter, start, end.
+    b'{"op":"sub","dest":"q","filter":[["a","~","b"]]}',
+    b'{"op":"sub","dest":"q","filter":"level = error"}',
+    b'{"op":"sub","dest":"q","filter":1}',
+    b'{"op":"sub","dest":"q","filter":true}',
+    b'{"op":"sub","dest":"q","filter":[["a","="]]}',
+    b'{"op":"sub","dest":"q","filter":[[1,"=","b"]]}',
+    b'{"op":"sub","dest":"q","filter":[["","=","b"]]}',
+    b'{"op":"sub","dest":"q","filter":{"a":true}}',
+    b'{"op":"sub","dest":"q","filter":{"a":null}}',
+    b'{"op":"sub","dest":"q","filter":[["a","prefix",1]]}',
+    b'{"op":"sub","dest":"q","filter":[["a",">",1e400]]}',
+    b'{"op":"sub","dest":"q","filter":[["t",">",{"date":"yesterday"}]]}',
+    b'{"op":"sub","dest":"q","filter":[["t",">",{"date":1e300}]]}',
+    b'{"op":"sub","dest":"q","filter":[["t",">",{"date":"' + b"9" * 400 + b'"}]]}',
+    b'{"op":"sub","dest":"q","filter":[["t",">",{"when":1}]]}',
+    b'{"op":"sub","dest":"q","filter":[' + b",".join([b'["a","=","b"]'] * 65) + b"]}",
+    b'{"op":"sub","dest":"q","filter":[["a","=","\\ud800"]]}',
+    b'{"op":"sub","dest":"q","filter":[["\\udc00","=","b"]]}',
+    b'{"op":"sub","dest":"q","filter":{"\\ud800":"b"}}',
+    b'{"op":"sub","dest":"q","start":"first"}',
+    b'{"op":"sub","dest":"q","start":"LATEST"}',
+    b'{"op":"sub","dest":"q","start":""}',
+    b'{"op":"sub","dest":"q","start":-1}',
+    b'{"op":"sub","dest":"q","start":1.5}',
+    b'{"op":"sub","dest":"q","start":1.0}',
+    b'{"op":"sub","dest":"q","start":true}',
+    b'{"op":"sub","dest":"q","start":false}',
+    b'{"op":"sub","dest":"q","start":[0]}',
+    b'{"op":"sub","dest":"q","start":9223372036854775808}',
+    b'{"op":"sub","dest":"q","end":"first"}',
+    b'{"op":"sub","dest":"q","end":"earliest"}',
+    b'{"op":"sub","dest":"q","end":-1}',
+    b'{"op":"sub","dest":"q","end":1.5}',
+    b'{"op":"sub","dest":"q","end":true}',
+    b'{"op":"sub","dest":"q","end":{}}',
+    # Server-only ops.
+    b'{"op":"end","dest":"q"}',
 ]
 
 TO_CLIENT_BAD: list[bytes] = [
@@ -694,6 +1057,66 @@ TO_CLIENT_BAD: list[bytes] = [
     b'{"op":"msg","tag":1,"dest":"d","body":"x","redelivered":0}',
     b'{"op":"error"}',
     b'{"op":"error","error":1}',
+    # ack: pos maps names to offsets; results hold one status per message.
+    b'{"op":"ack","id":1,"status":"delivered","pos":{"x":-1}}',
+    b'{"op":"ack","id":1,"status":"delivered","pos":{"x":"1"}}',
+    b'{"op":"ack","id":1,"status":"delivered","pos":{"x":true}}',
+    b'{"op":"ack","id":1,"status":"delivered","pos":{"x":1.5}}',
+    b'{"op":"ack","id":1,"status":"delivered","pos":{"x":null}}',
+    b'{"op":"ack","id":1,"status":"delivered","pos":{"x":9223372036854775808}}',
+    b'{"op":"ack","id":1,"status":"delivered","pos":[1]}',
+    b'{"op":"ack","id":1,"status":"delivered","pos":5}',
+    b'{"op":"ack","id":1,"status":"delivered","pos":{"\\ud800":1}}',
+    b'{"op":"ack","id":1,"status":"delivered","results":{}}',
+    b'{"op":"ack","id":1,"status":"delivered","results":"delivered"}',
+    b'{"op":"ack","id":1,"status":"delivered","results":[1]}',
+    b'{"op":"ack","id":1,"status":"delivered","results":[null]}',
+    b'{"op":"ack","id":1,"status":"delivered","results":[{}]}',
+    b'{"op":"ack","id":1,"status":"delivered","results":[{"status":"ok"}]}',
+    b'{"op":"ack","id":1,"status":"delivered","results":[{"status":null}]}',
+    b'{"op":"ack","id":1,"status":"delivered","results":[{"status":"failed","reason":1}]}',
+    b'{"op":"ack","id":1,"status":"delivered","results":[{"status":"failed","reason":"\\ud800"}]}',
+    b'{"op":"ack","id":1,"status":"delivered","results":[{"status":"delivered","pos":{"x":-1}}]}',
+    b'{"op":"ack","id":1,"status":"delivered","results":[{"status":"delivered","pos":[]}]}',
+    b'{"op":"ack","id":1,"status":"delivered","results":['
+    + b",".join([b'{"status":"delivered"}'] * (MAX_BATCH + 1))
+    + b"]}",
+    # reply (by id): id present, code 0..2**31-1, zero or one body.
+    b'{"op":"reply","tag":7,"body":"x"}',
+    b'{"op":"reply"}',
+    b'{"op":"reply","id":true}',
+    b'{"op":"reply","id":1.5}',
+    b'{"op":"reply","id":"\\ud800"}',
+    b'{"op":"reply","id":1,"code":-1}',
+    b'{"op":"reply","id":1,"code":2147483648}',
+    b'{"op":"reply","id":1,"code":true}',
+    b'{"op":"reply","id":1,"code":1.5}',
+    b'{"op":"reply","id":1,"body":"a","b64":"YQ=="}',
+    b'{"op":"reply","id":1,"b64":"YQ="}',
+    b'{"op":"reply","id":1,"error":1}',
+    b'{"op":"reply","id":1,"error":"\\udfff"}',
+    b'{"op":"reply","id":1,"headers":{"k":1}}',
+    # msg: pos an offset, call a bool, reply_within finite seconds >= 0.
+    b'{"op":"msg","tag":1,"dest":"d","body":"x","pos":-1}',
+    b'{"op":"msg","tag":1,"dest":"d","body":"x","pos":"1"}',
+    b'{"op":"msg","tag":1,"dest":"d","body":"x","pos":true}',
+    b'{"op":"msg","tag":1,"dest":"d","body":"x","pos":1.5}',
+    b'{"op":"msg","tag":1,"dest":"d","body":"x","pos":{"d":1}}',
+    b'{"op":"msg","tag":1,"dest":"d","body":"x","call":"yes"}',
+    b'{"op":"msg","tag":1,"dest":"d","body":"x","call":1}',
+    b'{"op":"msg","tag":1,"dest":"d","body":"x","reply_within":-1}',
+    b'{"op":"msg","tag":1,"dest":"d","body":"x","reply_within":-0.001}',
+    b'{"op":"msg","tag":1,"dest":"d","body":"x","reply_within":"1"}',
+    b'{"op":"msg","tag":1,"dest":"d","body":"x","reply_within":true}',
+    b'{"op":"msg","tag":1,"dest":"d","body":"x","reply_within":1e400}',
+    b'{"op":"msg","tag":1,"dest":"d","body":"x","reply_within":' + b"9" * 400 + b"}",
+    # end.
+    b'{"op":"end"}',
+    b'{"op":"end","dest":null}',
+    b'{"op":"end","dest":1}',
+    b'{"op":"end","dest":"\\ud800"}',
+    # Client-only ops.
+    b'{"op":"call","body":"x","timeout":5}',
 ]
 
 # Found while writing these tests: inputs the codec should reject but does not, or
@@ -767,6 +1190,174 @@ def test_rejects_hostile_json(role: Role, line: bytes) -> None:
     _assert_rejected(role, line)
 
 
+# -- the call, batch, position and filter additions -----------------------------------
+
+
+def _rejection(role: Role, line: bytes) -> str:
+    conn = NdjsonConnection(role)
+    conn.receive_data(line + b"\n")
+    with pytest.raises(RemoteProtocolError) as info:
+        conn.next_event()
+    assert conn.state is State.ERROR
+    return str(info.value)
+
+
+def test_constants() -> None:
+    assert MAX_BATCH == 1000
+    assert DEFAULT_CALL_TIMEOUT == 30.0
+    assert MAX_CALL_TIMEOUT == 3600.0
+    assert Call(b"").timeout == DEFAULT_CALL_TIMEOUT
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        (b'{"op":"sub","dest":"q","filter":[["a","~","b"]]}', ["field 'filter'", "'~'"]),
+        (b'{"op":"sub","dest":"q","filter":"x"}', ["field 'filter'"]),
+        (b'{"op":"sub","dest":"q","filter":[["a","=","\\ud800"]]}', ["'filter'", "Unicode"]),
+        (b'{"op":"sub","dest":"q","start":"first"}', ["'start'", "'earliest'", "'latest'"]),
+        (b'{"op":"sub","dest":"q","start":-1}', ["'start'"]),
+        (b'{"op":"sub","dest":"q","end":"earliest"}', ["'end'", "'latest'"]),
+        (b'{"op":"sub","dest":"q","end":true}', ["'end'"]),
+        (b'{"op":"call","body":"a","timeout":0}', ["'timeout'", "3600"]),
+        (b'{"op":"call","body":"a","timeout":true}', ["'timeout'"]),
+        (b'{"op":"reply","tag":7,"code":-1}', ["'code'", "2147483647"]),
+        (b'{"op":"pub","messages":[]}', ["'messages'", "1000"]),
+        (b'{"op":"pub","messages":[{"body":"a"}],"body":"b"}', ["'messages'", "'body'"]),
+        (b'{"op":"pub","messages":[{"body":"a"}],"dest":"x"}', ["'messages'", "'dest'"]),
+        (b'{"op":"pub","messages":[{"body":"a"},{"body":"a","id":2}]}', ["messages[1]", "'id'"]),
+        (b'{"op":"pub","messages":[{"body":"a","op":"pub"}]}', ["messages[0]", "'op'"]),
+        (b'{"op":"pub","messages":[{"body":"a"},{"b64":"!"}]}', ["messages[1]", "base64"]),
+        (b'{"op":"pub","messages":[{"body":"a"},"b"]}', ["messages[1]", "object"]),
+    ],
+)
+def test_server_rejection_names_the_field(line: bytes, words: list[str]) -> None:
+    message = _rejection(SERVER, line)
+    for word in words:
+        assert word in message
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        (b'{"op":"reply","tag":7,"body":"x"}', ["'id'"]),
+        (b'{"op":"reply","id":1,"code":2147483648}', ["'code'"]),
+        (b'{"op":"ack","id":1,"status":"delivered","pos":{"x":-1}}', ["'pos'"]),
+        (
+            b'{"op":"ack","id":1,"status":"delivered","results":[{"status":"delivered"},{}]}',
+            ["results[1]", "'status'"],
+        ),
+        (
+            b'{"op":"ack","id":1,"status":"delivered","results":[{"status":"ok"}]}',
+            ["results[0]", "'ok'"],
+        ),
+        (b'{"op":"msg","tag":1,"dest":"d","body":"x","reply_within":-1}', ["'reply_within'"]),
+    ],
+)
+def test_client_rejection_names_the_field(line: bytes, words: list[str]) -> None:
+    message = _rejection(CLIENT, line)
+    for word in words:
+        assert word in message
+
+
+def test_batch_of_max_batch_messages_round_trips() -> None:
+    event = PublishMany(tuple(Publish(str(i).encode()) for i in range(MAX_BATCH)), 9)
+    line = NdjsonConnection(CLIENT).send(event)
+    assert parse_line(SERVER, line) == event
+    results = tuple(ItemResult("delivered", positions={"d": i}) for i in range(MAX_BATCH))
+    answer = Published(9, "delivered", results=results)
+    assert parse_line(CLIENT, NdjsonConnection(SERVER).send(answer)) == answer
+
+
+def test_batch_items_are_byte_exact() -> None:
+    bodies = [b"", b"\x00", b"\xff\xfe", "é€😀".encode(), b"\xed\xa0\x80", b"a\nb\r", b'{"x":1}']
+    event = PublishMany(tuple(Publish(b, content_type="t") for b in bodies))
+    got = parse_line(SERVER, NdjsonConnection(CLIENT).send(event))
+    assert isinstance(got, PublishMany)
+    assert [m.body for m in got.messages] == bodies
+
+
+@pytest.mark.parametrize(
+    ("timeout", "wire"),
+    [(5, b"5"), (5.0, b"5"), (0.25, b"0.25"), (3600.0, b"3600"), (1e-9, b"1e-09"), (30, b"30")],
+)
+def test_call_timeout_is_written_as_a_plain_number(timeout: float, wire: bytes) -> None:
+    line = NdjsonConnection(CLIENT).send(Call(b"x", timeout=timeout))
+    assert line == b'{"op":"call","body":"x","timeout":' + wire + b"}\n"
+    event = parse_line(SERVER, line)
+    assert isinstance(event, Call)
+    assert event.timeout == timeout
+    assert type(event.timeout) is float
+
+
+@pytest.mark.parametrize(("seconds", "wire"), [(4.5, b"4.5"), (4.0, b"4"), (0, b"0")])
+def test_reply_within_is_written_as_a_plain_number(seconds: float, wire: bytes) -> None:
+    line = NdjsonConnection(SERVER).send(Deliver(1, "d", b"", call=True, reply_within=seconds))
+    assert line == b'{"op":"msg","tag":1,"dest":"d","body":"","call":true,"reply_within":' + (
+        wire + b"}\n"
+    )
+
+
+# Wrongly typed on purpose: what an untyped caller might pass.
+NOT_A_PUBLISH: Any = Ping()
+NOT_A_NUMBER: Any = "5"
+
+LOCALLY_REFUSED: list[tuple[Role, Event]] = [
+    (CLIENT, PublishMany(())),
+    (CLIENT, PublishMany(tuple(Publish(b"") for _ in range(MAX_BATCH + 1)))),
+    (CLIENT, PublishMany((Publish(b"a"), Publish(b"b", id=2)))),
+    (CLIENT, PublishMany((NOT_A_PUBLISH,))),
+    (CLIENT, Call(b"x", timeout=0)),
+    (CLIENT, Call(b"x", timeout=-1.0)),
+    (CLIENT, Call(b"x", timeout=True)),
+    (CLIENT, Call(b"x", timeout=3600.5)),
+    (CLIENT, Call(b"x", timeout=float("inf"))),
+    (CLIENT, Call(b"x", timeout=float("nan"))),
+    (CLIENT, Call(b"x", timeout=NOT_A_NUMBER)),
+    (CLIENT, ReplyTo(1, code=-1)),
+    (CLIENT, ReplyTo(1, code=2**31)),
+    (CLIENT, ReplyTo(1, code=True)),
+    (SERVER, Replied(1, code=-1)),
+    (SERVER, Replied(1, code=2**31)),
+    (SERVER, Deliver(1, "d", b"", call=True, reply_within=-0.5)),
+    (SERVER, Deliver(1, "d", b"", call=True, reply_within=float("inf"))),
+    (SERVER, Deliver(1, "d", b"", call=True, reply_within=float("nan"))),
+    (SERVER, Published(1, "delivered", results=(ItemResult("delivered"),) * (MAX_BATCH + 1))),
+]
+
+
+@pytest.mark.parametrize(("role", "event"), LOCALLY_REFUSED)
+def test_send_refuses_what_the_peer_would_reject(role: Role, event: Event) -> None:
+    conn = NdjsonConnection(role)
+    with pytest.raises(LocalProtocolError):
+        conn.send(event)
+    assert conn.state is State.OPEN
+    # The refusal leaves the connection usable.
+    conn.send(Ping() if role is CLIENT else Pong())
+
+
+def test_reply_is_read_by_role() -> None:
+    # The same op, two events: by tag from a client, by id from the server.
+    assert parse_line(SERVER, b'{"op":"reply","tag":3,"body":"x"}\n') == ReplyTo(3, b"x")
+    assert parse_line(CLIENT, b'{"op":"reply","id":3,"code":0,"body":"x"}\n') == Replied(3, b"x")
+    assert NdjsonConnection(CLIENT).send(ReplyTo(3, b"x")) == b'{"op":"reply","tag":3,"body":"x"}\n'
+    assert (
+        NdjsonConnection(SERVER).send(Replied(3, b"x"))
+        == b'{"op":"reply","id":3,"code":0,"body":"x"}\n'
+    )
+
+
+def test_filter_is_the_gateway_filter() -> None:
+    event = parse_line(
+        SERVER, b'{"op":"sub","dest":"q","filter":[["size",">=",10],["k","prefix","a"]]}\n'
+    )
+    assert isinstance(event, Subscribe)
+    assert event.filter is not None
+    assert event.filter.matches({"size": "12", "k": "abc"})
+    assert not event.filter.matches({"size": "9", "k": "abc"})
+    assert not event.filter.matches({"k": "abc"})
+
+
 # -- strategies ----------------------------------------------------------------------
 
 texts = st.text(max_size=12)
@@ -776,15 +1367,64 @@ bodies = st.binary(max_size=40) | st.text(max_size=20).map(str.encode)
 big_ints = st.integers(0, 2**63 - 1)
 tags = st.integers(1, 2**63 - 1)
 ids = st.none() | st.text(max_size=8) | st.integers(-(2**70), 2**70)
+offsets = st.integers(0, 2**63 - 1)
+positions_st = st.none() | st.dictionaries(texts, offsets, min_size=1, max_size=3)
+codes = st.integers(0, 2**31 - 1)
+finite_floats = st.floats(allow_nan=False, allow_infinity=False)
+# Seconds: any float in range (written back as the same float, or an int when
+# integral), or a whole number.
+timeouts = st.floats(0, MAX_CALL_TIMEOUT, exclude_min=True) | st.integers(1, 3600)
+reply_windows = st.none() | st.floats(0, 1e300) | st.integers(0, 10**9)
+numeric_ops = st.sampled_from([Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE])
+filter_keys = st.text(min_size=1, max_size=8)
+conditions = st.one_of(
+    st.builds(Condition, filter_keys, st.sampled_from(list(Op)), texts),
+    st.builds(Condition, filter_keys, numeric_ops, st.integers() | finite_floats),
+    st.builds(
+        Condition,
+        filter_keys,
+        numeric_ops,
+        st.datetimes(datetime(2, 1, 1), datetime(9998, 1, 1), timezones=st.just(UTC)),
+    ),
+)
+filters = st.lists(conditions, max_size=3).map(lambda cs: Filter(tuple(cs)))
+publishes = st.builds(
+    Publish,
+    body=bodies,
+    destination=st.none() | texts,
+    headers=headers_st,
+    content_type=type_texts,
+    id=ids,
+)
 
 client_events: st.SearchStrategy[Event] = st.one_of(
+    publishes,
     st.builds(
-        Publish,
+        PublishMany,
+        messages=st.lists(
+            publishes.map(lambda p: Publish(p.body, p.destination, p.headers, p.content_type)),
+            min_size=1,
+            max_size=4,
+        ).map(tuple),
+        id=ids,
+    ),
+    st.builds(
+        Call,
         body=bodies,
         destination=st.none() | texts,
         headers=headers_st,
         content_type=type_texts,
         id=ids,
+        timeout=timeouts,
+    ),
+    st.builds(
+        ReplyTo,
+        tag=tags,
+        body=bodies,
+        headers=headers_st,
+        content_type=type_texts,
+        code=codes,
+        error=texts,
     ),
     st.builds(
         Subscribe,
@@ -792,6 +1432,9 @@ client_events: st.SearchStrategy[Event] = st.one_of(
         group=st.none() | texts,
         credit=st.none() | big_ints,
         window=st.integers(1, 10_000),
+        filter=st.none() | filters,
+        start=st.none() | st.sampled_from(["earliest", "latest"]) | offsets,
+        end=st.none() | st.just("latest") | offsets,
     ),
     st.builds(Unsubscribe, destination=texts),
     st.builds(Credit, destination=texts, n=big_ints),
@@ -800,12 +1443,28 @@ client_events: st.SearchStrategy[Event] = st.one_of(
     st.just(Ping()),
 )
 
+statuses = st.sampled_from(["delivered", "failed", "rejected"])
 server_events: st.SearchStrategy[Event] = st.one_of(
     st.builds(
         Published,
         id=ids,
-        status=st.sampled_from(["delivered", "failed", "rejected"]),
+        status=statuses,
         reason=texts,
+        positions=positions_st,
+        results=st.none()
+        | st.lists(
+            st.builds(ItemResult, status=statuses, reason=texts, positions=positions_st),
+            max_size=4,
+        ).map(tuple),
+    ),
+    st.builds(
+        Replied,
+        id=ids,
+        body=bodies,
+        headers=headers_st,
+        content_type=type_texts,
+        code=codes,
+        error=texts,
     ),
     st.builds(
         Deliver,
@@ -815,7 +1474,11 @@ server_events: st.SearchStrategy[Event] = st.one_of(
         headers=headers_st,
         content_type=type_texts,
         redelivered=st.booleans(),
+        position=st.none() | offsets,
+        call=st.booleans(),
+        reply_within=reply_windows,
     ),
+    st.builds(End, destination=texts),
     st.just(Pong()),
 )
 
@@ -885,8 +1548,34 @@ FIELDS = [
     "reason",
     "redelivered",
     "error",
+    "messages",
+    "timeout",
+    "code",
+    "filter",
+    "start",
+    "end",
+    "pos",
+    "results",
+    "call",
+    "reply_within",
 ]
-OPS = ["pub", "sub", "unsub", "credit", "ack", "nack", "ping", "msg", "pong", "error", "x", 1]
+OPS = [
+    "pub",
+    "sub",
+    "unsub",
+    "credit",
+    "ack",
+    "nack",
+    "ping",
+    "msg",
+    "pong",
+    "error",
+    "call",
+    "reply",
+    "end",
+    "x",
+    1,
+]
 
 
 @st.composite
