@@ -24,16 +24,30 @@ def bench(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_bench_lists_its_benchmarks() -> None:
     out = bench("--list").stdout
-    for name in ("ndjson-pubsub", "lumberjack", "lumberjack-relay"):
+    for name in (
+        "ndjson-pubsub",
+        "ndjson-filtered",
+        "ndjson-calls",
+        "lumberjack",
+        "lumberjack-relay",
+    ):
         assert name in out
 
 
 @pytest.mark.parametrize(
-    ("name", "metric"),
-    [("ndjson-pubsub", "msg"), ("lumberjack", "acked events")],
+    ("name", "metric", "options"),
+    [
+        ("ndjson-pubsub", "msg", ()),
+        ("ndjson-filtered", "deliveries, all subscribers", ()),
+        ("ndjson-calls", "calls replied", ()),
+        ("ndjson-calls", "calls replied", ("--concurrency", "1")),
+        ("lumberjack", "acked events", ()),
+    ],
 )
-def test_a_short_run_passes_its_self_checks(name: str, metric: str) -> None:
+def test_a_short_run_passes_its_self_checks(
+    name: str, metric: str, options: tuple[str, ...]
+) -> None:
     """One second of load: nothing lost or duplicated, and the gateway exits cleanly."""
-    result = bench(name, "--seconds", "1", "--warmup", "0.2", "--no-json")
+    result = bench(name, "--seconds", "1", "--warmup", "0.2", "--no-json", *options)
     assert result.returncode == 0, result.stdout + result.stderr
     assert metric in result.stdout

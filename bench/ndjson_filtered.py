@@ -1,0 +1,357 @@
+"""ndjson filtered fan-out: one publisher, N subscribers that each want 1/N of it.
+
+One publisher connection and ``--subscribers`` (default 8) subscriber
+connections to one ndjson listener, all subscribed to the same destination,
+each with a filter on the ``shard`` header (``{"shard": "k"}``, k = 0..N-1).
+The publisher sets ``shard`` to ``n % N`` on message ``n``, so every message
+matches exactly one subscriber, and the gateway answers its ``pub`` with
+``delivered`` only once that subscriber acked it. As in ``ndjson-pubsub``
+(whose publisher, templates and options this reuses) the publisher keeps at
+most ``--inflight`` publishes unanswered; what is measured is the rate of
+``delivered`` answers, the deliveries per second summed over the
+subscribers, the publish→ack latency, and the gateway's CPU time per message
+(subprocess mode). Compared with ``ndjson-pubsub`` the difference is the
+cost of evaluating N filters per stored message and of N subscriptions.
+
+Self-checks (any failure makes the run exit 1): each subscriber is known to
+the gateway (a ``ping`` answered after its ``sub``) before publishing starts;
+every delivery has the right body and destination, and belongs to the
+receiving subscriber's shard (by its number and by its header); no
+duplicates or redeliveries; after the window, every publish is answered
+within ``--drain-timeout``; and the union of the subscribers' deliveries is
+exactly the set of publishes answered ``delivered``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+
+import trio
+from interchange_ndjson.codec import CLIENT, NEED_DATA, NdjsonConnection
+from interchange_ndjson.events import (
+    ConnectionClosed,
+    Deliver,
+    Error,
+    Ping,
+    Pong,
+    Publish,
+    Subscribe,
+)
+
+from gateway.filters import Filter
+
+from . import Result, register
+from ._gateway import RunningGateway, run_gateway
+from ._system import busy_seconds
+from .ndjson_pubsub import (
+    DESTINATION,
+    LISTENER,
+    RECEIVE_SIZE,
+    SEQ_DIGITS,
+    Load,
+    Templates,
+    _arguments,
+    _int_at_least,
+    gateway_config,
+    percentile,
+)
+
+HEADER = "shard"
+
+
+def _filtered_arguments(parser: argparse.ArgumentParser) -> None:
+    _arguments(parser)
+    parser.add_argument(
+        "--subscribers",
+        type=_int_at_least(1),
+        default=8,
+        help="subscriber connections, each taking one shard of the messages (default: %(default)s)",
+    )
+
+
+class ShardTemplates(Templates):
+    """``pub`` lines whose ``shard`` header is the message number modulo ``shards``."""
+
+    def __init__(self, size: int, shards: int) -> None:
+        # Not super().__init__: it would check publishes() against lines without headers.
+        plain = Templates(size)  # checks the body, the ack and the line's head
+        self.size, self.padding, self.ack = plain.size, plain.padding, plain.ack
+        self.pub_head, self.pub_tail, self.seq = plain.pub_head, plain.pub_tail, plain.seq
+        self.shards = shards
+        self.tails = [
+            self.padding + b'","headers":{"' + HEADER.encode() + b'":"%d"}}\n' % k
+            for k in range(shards)
+        ]
+        codec = NdjsonConnection(CLIENT)
+        for n in (1, shards + 2, 987_654_321):
+            headers = {HEADER: str(n % shards)}
+            expected = codec.send(Publish(self.body(n), DESTINATION, headers, None, n))
+            if self.publishes(n, 1) != expected:
+                raise AssertionError(
+                    f"publish template gives {self.publishes(n, 1)!r}, not {expected!r}"
+                )
+
+    def publishes(self, first: int, count: int) -> bytes:
+        head, seq, tails, shards = self.pub_head, self.seq, self.tails, self.shards
+        return b"".join(
+            [head % n + seq % n + tails[n % shards] for n in range(first, first + count)]
+        )
+
+
+class FilteredLoad(Load):
+    """``ndjson-pubsub``'s publisher, and one filtered subscriber per shard."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args)
+        self.shards: int = args.subscribers
+        self.templates = ShardTemplates(args.size, self.shards)
+        #: Deliveries received by each shard's subscriber (whole run).
+        self.by_shard = [0] * self.shards
+        self.wrong_shard = 0
+        #: Deliveries received during the measured window, all subscribers together.
+        self.window_deliveries = 0
+
+    async def subscribe_shard(
+        self,
+        stream: trio.abc.Stream,
+        shard: int,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Subscribe with the filter ``shard == "<shard>"``, then ack whatever arrives.
+
+        Started once the gateway answered a ``ping`` sent after the ``sub``: the
+        connection's lines are handled in order, so the subscription exists by then.
+        """
+        codec = NdjsonConnection(CLIENT)
+        label = str(shard)
+        wanted = Filter.equals(**{HEADER: label})
+        sub = Subscribe(DESTINATION, None, None, self.window, filter=wanted)
+        await stream.send_all(codec.send(sub) + codec.send(Ping()))
+        started = False
+        ack, received, size, shards = self.templates.ack, self.received, self.size, self.shards
+        padding = self.templates.padding
+        while True:
+            data = await stream.receive_some(RECEIVE_SIZE)
+            if not data and not self.closing:
+                self.fail(f"the gateway closed subscriber {shard}'s connection")
+                return
+            codec.receive_data(data)
+            acks = []
+            while (event := codec.next_event()) is not NEED_DATA:
+                if type(event) is Deliver:
+                    acks.append(ack % event.tag)
+                    body = event.body
+                    try:
+                        n = int(body[:SEQ_DIGITS])
+                    except ValueError:
+                        n = 0
+                    if (
+                        len(body) != size
+                        or not 0 < n < len(received)
+                        or body[SEQ_DIGITS:] != padding
+                        or event.destination != DESTINATION
+                    ):
+                        self.bad_bodies += 1
+                        continue
+                    if n % shards != shard or event.headers.get(HEADER) != label:
+                        self.wrong_shard += 1
+                    if received[n]:
+                        self.duplicates += 1
+                        received[n] = min(received[n] + 1, 255)
+                    else:
+                        received[n] = 1
+                    if event.redelivered:
+                        self.redelivered += 1
+                elif isinstance(event, Pong) and not started:
+                    started = True
+                    task_status.started()
+                elif isinstance(event, Error):
+                    self.fail(
+                        f"the gateway reported an error to subscriber {shard}: {event.message}"
+                    )
+                    return
+                elif isinstance(event, ConnectionClosed):
+                    return
+                else:
+                    self.fail(f"unexpected line for subscriber {shard}: {event!r}")
+                    return
+            if acks:
+                self.received_count += len(acks)
+                self.by_shard[shard] += len(acks)
+                if self.t0 <= time.perf_counter() < self.t1:
+                    self.window_deliveries += len(acks)
+                await stream.send_all(b"".join(acks))
+
+    def verify(self) -> None:
+        super().verify()
+        if self.wrong_shard:
+            self.problems.append(
+                f"{self.wrong_shard} deliveries reached a subscriber whose filter does not match"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class CpuSnapshot:
+    """The clocks at one instant: wall time, the gateway process's CPU (None
+    in-process), this process's CPU and the whole machine's busy time (None
+    off Linux)."""
+
+    wall: float
+    gateway: tuple[float, float] | None
+    own: float
+    busy: float | None
+
+    @classmethod
+    def take(cls, gw: RunningGateway) -> CpuSnapshot:
+        return cls(time.perf_counter(), gw.cpu_times(), time.process_time(), busy_seconds())
+
+
+def add_cpu_metrics(
+    result: Result,
+    gw: RunningGateway,
+    start: CpuSnapshot,
+    end: CpuSnapshot,
+    count: int,
+    per: str = "message",
+) -> None:
+    """The CPU figures of the window from ``start`` to ``end``, named as
+    ``ndjson-pubsub`` names them; ``count`` of ``per`` were done in it."""
+    elapsed = end.wall - start.wall
+    own_cpu = end.own - start.own
+    ours = own_cpu
+    if start.gateway is not None and end.gateway is not None:
+        gw_user, gw_system = (b - a for a, b in zip(start.gateway, end.gateway, strict=True))
+        gw_cpu = gw_user + gw_system
+        ours += gw_cpu
+        result.details["gateway_cpu_in_window_s"] = {"user": gw_user, "system": gw_system}
+        result.add("gateway cpu in window", gw_cpu, "s")
+        result.add("gateway cpu load in window", 100 * gw_cpu / elapsed, "% of a core")
+        if count:
+            result.add(f"gateway cpu per {per}", 1e6 * gw_cpu / count, "us")
+        total = gw.cpu_seconds()
+        if total is not None:
+            result.add("gateway cpu total (start to end of load)", total, "s")
+        rss = gw.max_rss_mib()
+        if rss is not None:
+            result.add("gateway max rss", rss, "MiB")
+        result.add("load generator cpu load in window", 100 * own_cpu / elapsed, "% of a core")
+    else:
+        result.add(
+            "process cpu load in window (gateway + load)", 100 * own_cpu / elapsed, "% of a core"
+        )
+        if count:
+            result.add(f"process cpu per {per}", 1e6 * own_cpu / count, "us")
+    if start.busy is not None and end.busy is not None:
+        others = max(0.0, (end.busy - start.busy) - ours)
+        result.add("other processes' cpu load in window", 100 * others / elapsed, "% of a core")
+        if others / elapsed > 0.15:
+            result.details["warning"] = (
+                "other processes used the CPU during the window: figures are not comparable"
+            )
+
+
+def check_gateway(gw: RunningGateway, result: Result, problems: list[str]) -> None:
+    """After the gateway stopped: it exited cleanly and logged no warning or error."""
+    if gw.returncode != 0:
+        problems.append(f"the gateway exited with status {gw.returncode}")
+    logged = gw.problems_logged()
+    if logged:
+        result.details["gateway_warnings"] = logged[-20:]
+        problems.append(f"the gateway logged {len(logged)} warnings or errors (see JSON)")
+
+
+async def _run(args: argparse.Namespace) -> Result:
+    result = Result(
+        params={
+            "mode": args.mode,
+            "subscribers": args.subscribers,
+            "size": args.size,
+            "inflight": args.inflight,
+            "batch": args.batch,
+            "window": args.window,
+            "seconds": args.seconds,
+            "warmup": args.warmup,
+        }
+    )
+    if args.profile is not None:
+        result.params["profiled"] = True
+        if args.mode != "subprocess":
+            result.problems.append("--profile needs --mode subprocess")
+            return result
+    load = FilteredLoad(args)
+    config = gateway_config(args)
+    result.details["gateway_config"] = config
+    async with run_gateway(config, args.mode, profile=args.profile) as gw:
+        await _drive(load, gw, args, result)
+    check_gateway(gw, result, load.problems)
+    result.problems = load.problems
+    return result
+
+
+async def _drive(
+    load: FilteredLoad, gw: RunningGateway, args: argparse.Namespace, result: Result
+) -> None:
+    """Run the load for warm-up + window, drain, check, and fill ``result``."""
+    host, port = gw.address(LISTENER)
+    async with contextlib.AsyncExitStack() as streams:
+        subs = [
+            await streams.enter_async_context(await trio.open_tcp_stream(host, port))
+            for _ in range(load.shards)
+        ]
+        pub = await streams.enter_async_context(await trio.open_tcp_stream(host, port))
+        with load.scope:
+            async with trio.open_nursery() as nursery:
+                for shard, stream in enumerate(subs):
+                    await nursery.start(load.subscribe_shard, stream, shard)
+                load.started = time.perf_counter()
+                nursery.start_soon(load.read_answers, pub)
+                nursery.start_soon(load.send_publishes, pub)
+                await trio.sleep(args.warmup)
+                start = CpuSnapshot.take(gw)
+                load.t0 = start.wall
+                await trio.sleep(args.seconds)
+                end = CpuSnapshot.take(gw)
+                load.t1 = end.wall
+                load.stopping = True
+                load._room.unpark_all()
+                with trio.move_on_after(args.drain_timeout):
+                    await load.wait_answered()
+                load.closing = True
+                nursery.cancel_scope.cancel()
+        if load.t1 == math.inf:
+            return  # stopped by a failure; the problem says why
+        load.verify()
+
+        elapsed = load.t1 - load.t0
+        lat = sorted(load.latencies)
+        result.add("acked end to end (delivered)", load.window_acks / elapsed, "msg/s")
+        result.add("deliveries, all subscribers", load.window_deliveries / elapsed, "msg/s")
+        result.add("latency p50", percentile(lat, 50) * 1e3, "ms")
+        result.add("latency p90", percentile(lat, 90) * 1e3, "ms")
+        result.add("latency p99", percentile(lat, 99) * 1e3, "ms")
+        result.add("latency max", (lat[-1] if lat else math.nan) * 1e3, "ms")
+        result.add("measured window", elapsed, "s")
+        result.add("acked in window", load.window_acks, "msg")
+        result.add("published (whole run)", load.published, "msg")
+        result.add("answered delivered (whole run)", load.delivered, "msg")
+        result.add("received by subscribers (whole run)", load.received_count, "msg")
+        result.add("fewest received by one subscriber", min(load.by_shard), "msg")
+        add_cpu_metrics(result, gw, start, end, load.window_acks)
+    result.details["received_by_shard"] = load.by_shard
+    result.details["latency_samples"] = len(lat)
+    result.details["delivered_per_second_from_start"] = load.timeline
+
+
+@register(
+    "ndjson-filtered",
+    "ndjson publisher → gateway → 8 subscribers filtering on a header, each taking 1/8: "
+    "acked msg/s, deliveries/s and publish→ack latency",
+    arguments=_filtered_arguments,
+)
+def run(args: argparse.Namespace) -> Result:
+    return trio.run(_run, args)
