@@ -71,25 +71,35 @@ _DELIVERED = Result()
 class Receipt:
     """Settles once every leg of a publish has settled; the worst outcome wins."""
 
+    # What every publish touches lives in slots; what only some need (per-message
+    # details, calls) are class-level defaults, set per instance when needed, so
+    # a plain publish does not pay for initialising them.
     __slots__ = (
+        "__dict__",
         "_callbacks",
         "_count",
         "_event",
-        "_extras",
-        "_is_call",
         "_legs",
         "_outcome",
         "_pending",
-        "_position_runs",
-        "_reasons",
-        "_replied",
         "_sealed",
         "_worst",
-        "_worsts",
         "reason",
-        "reply",
-        "reply_by",
     )
+
+    #: Per message, built on first need: worst outcome, its reason, extras.
+    _worsts: bytearray | None = None
+    _reasons: dict[int, str] | None = None
+    _extras: dict[int, _Extra] | None = None
+    #: ``(first index, destination, positions)`` of each stored run.
+    _position_runs: list[tuple[int, str, Sequence[Position]]] | None = None
+    #: A call: one message that asks for a reply.
+    is_call = False
+    _replied = -1
+    #: The first reply to a call (``None`` until one arrives, and for publishes).
+    reply: Reply | None = None
+    #: For a call, the trio time by which it wants its reply.
+    reply_by: float | None = None
 
     def __init__(self, count: int = 0) -> None:
         #: Messages in the publish: the length of :meth:`results`.
@@ -105,18 +115,6 @@ class Receipt:
         self.reason = ""
         #: The worst outcome so far; final only once every leg has settled.
         self._worst = Outcome.DELIVERED
-        #: Per message, built on first need: worst outcome, its reason, extras.
-        self._worsts: bytearray | None = None
-        self._reasons: dict[int, str] | None = None
-        self._extras: dict[int, _Extra] | None = None
-        #: ``(first index, destination, positions)`` of each stored run.
-        self._position_runs: list[tuple[int, str, Sequence[Position]]] | None = None
-        self._is_call = False
-        self._replied = -1
-        #: The first reply to a call (``None`` until one arrives, and for publishes).
-        self.reply: Reply | None = None
-        #: For a call, the trio time by which it wants its reply.
-        self.reply_by: float | None = None
 
     @classmethod
     def settled(cls, outcome: Outcome, reason: str = "", count: int = 0) -> Receipt:
@@ -134,13 +132,9 @@ class Receipt:
     def for_call(cls, reply_by: float) -> Receipt:
         """The receipt of a call: one message that asks for a reply by trio time ``reply_by``."""
         r = cls(1)
-        r._is_call = True
+        r.is_call = True
         r.reply_by = reply_by
         return r
-
-    @property
-    def is_call(self) -> bool:
-        return self._is_call
 
     @property
     def count(self) -> int:
@@ -170,7 +164,8 @@ class Receipt:
         if outcome is not None and outcome != Outcome.DELIVERED:
             self._mark(start, stop, outcome, reason)
         self._pending -= n
-        self._maybe_finish()
+        if self._pending == 0 and self._sealed:
+            self._maybe_finish()
 
     def settle(
         self,
@@ -198,7 +193,7 @@ class Receipt:
         if outcome is not None and outcome != Outcome.DELIVERED:
             self._mark(index, index + 1, outcome, reason)
         self._pending -= 1
-        if reply is not None and self._is_call:
+        if reply is not None and self.is_call:
             # A call is answered by its first reply; copies that failed or are
             # still pending no longer matter.
             self._worst = Outcome.DELIVERED
@@ -262,7 +257,7 @@ class Receipt:
 
     def _maybe_finish(self) -> None:
         if self._pending == 0 and self._sealed:
-            if self._is_call and self.reply is None and self._worst == Outcome.DELIVERED:
+            if self.is_call and self.reply is None and self._worst == Outcome.DELIVERED:
                 self._worst = Outcome.FAILED
                 self.reason = (
                     "no subscriber to answer the call"
@@ -309,6 +304,17 @@ class Receipt:
         if self._callbacks is None:
             self._callbacks = []
         self._callbacks.append(callback)
+
+    @property
+    def plain(self) -> bool:
+        """True while every message is simply delivered, with nothing attached: a
+        protocol can skip :meth:`results`."""
+        return (
+            self._worsts is None
+            and self._extras is None
+            and self._position_runs is None
+            and self.reply is None
+        )
 
     def result(self, index: int) -> Result:
         """How message ``index`` of the publish settled (final once :meth:`done`)."""

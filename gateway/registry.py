@@ -1,7 +1,7 @@
 """Plugin discovery through entry points.
 
 Protocols register in ``interchange.protocols`` and transports in
-``interchange.transports``; the five built-in protocols and the bundled
+``interchange.transports``; the built-in protocols and the bundled
 plugins register exactly as a third party's package would. A plugin that fails
 to import is reported (by ``gateway plugins`` and by config checks that name
 it) instead of taking the gateway down.

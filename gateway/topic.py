@@ -271,6 +271,8 @@ class Topic(Destination):
         self.discarded = 0
         #: Copies that no group's filter matched.
         self.filtered = 0
+        #: Groups with a filter (none: the batch fast path applies).
+        self._filtering = 0
         self._info = DestinationInfo(
             name, kind, element_size, queue_group=QUEUE_GROUP if kind == "queue" else None
         )
@@ -324,22 +326,56 @@ class Topic(Destination):
 
     async def put_many(self, messages: Sequence[Message], receipt: Receipt, base: int = 0) -> None:
         """All of ``messages`` at once when every group has room for them, else one by one."""
+        limits = self.limits
         sizes = _sizes(messages)
-        if (
-            not self._closed
-            and (not sizes or max(sizes) <= self.limits.max_bytes)
-            and (
-                self.element_size is None or all(len(m.body) == self.element_size for m in messages)
-            )
+        if not self._closed and (
+            self.element_size is None or all(len(m.body) == self.element_size for m in messages)
         ):
-            plan = self._plan(messages, sizes)
-            if all(b <= self.limits.max_bytes for _, _, _, b in plan) and self._fits(plan):
-                if messages:
-                    self._store(list(messages), sizes, receipt, plan, base)
-                return
+            if not self._filtering:
+                # No filter anywhere: every group takes the whole batch.
+                n = len(messages)
+                total = sum(sizes)
+                groups = list(self._groups.values())
+                if total <= limits.max_bytes and all(
+                    g.used_count + n <= limits.max_messages
+                    and g.used_bytes + total <= limits.max_bytes
+                    for g in groups
+                ):
+                    if n:
+                        self._store_whole(list(messages), sizes, total, receipt, groups, base)
+                    return
+            elif not sizes or max(sizes) <= limits.max_bytes:
+                plan = self._plan(messages, sizes)
+                if all(b <= limits.max_bytes for _, _, _, b in plan) and self._fits(plan):
+                    if messages:
+                        self._store(list(messages), sizes, receipt, plan, base)
+                    return
         # Too big to take whole now: per message, waiting for room (and
         # rejecting what can never fit) exactly as single publishes do.
         await super().put_many(messages, receipt, base)
+
+    def _store_whole(
+        self,
+        messages: list[Message],
+        sizes: list[int],
+        total: int,
+        receipt: Receipt,
+        groups: list[_Group],
+        base: int,
+    ) -> None:
+        """Store a batch that every one of ``groups`` takes whole (none: discard it)."""
+        n = len(messages)
+        seq0 = self._seq + 1
+        self._seq += n
+        if not groups:
+            self.discarded += n
+            return
+        receipt.add_legs(n * len(groups))
+        run = _Run(
+            messages, sizes, receipt, seq0, [len(groups)] * n if len(groups) > 1 else None, base
+        )
+        for g in groups:
+            g.push(_Slice(run, 0, n, False), total)
 
     def _store(
         self,
@@ -349,20 +385,13 @@ class Topic(Destination):
         plan: _Plan,
         base: int,
     ) -> None:
+        if all(index is None for _, index, _, _ in plan):
+            total = plan[0][3] if plan else 0
+            self._store_whole(messages, sizes, total, receipt, [g for g, *_ in plan], base)
+            return
         n = len(messages)
         seq0 = self._seq + 1
         self._seq += n
-        if not plan:
-            self.discarded += n
-            return
-        if all(index is None for _, index, _, _ in plan):
-            receipt.add_legs(n * len(plan))
-            fanout = [len(plan)] * n if len(plan) > 1 else None
-            run = _Run(messages, sizes, receipt, seq0, fanout, base)
-            total = plan[0][3]
-            for g, _, _, _ in plan:
-                g.push(_Slice(run, 0, n, False), total)
-            return
         # Some group filters: count each message's copies, then one run per selection.
         counts = [0] * n
         whole: _Run | None = None
@@ -404,6 +433,7 @@ class Topic(Destination):
         g = self._groups.get(name)
         if g is None:
             g = _Group(name, anonymous, filter)
+            self._filtering += filter is not None
             if self._backlog.queue:
                 # A new group adopts what an earlier group left behind and no
                 # other group wanted.
@@ -512,6 +542,7 @@ class Topic(Destination):
         # another group also holds is no longer needed; an only copy moves on, to
         # the first remaining group or to the backlog, so it is never lost.
         del self._groups[g.name]  # type: ignore[arg-type]
+        self._filtering -= g.filter is not None
         g.waiters.unpark_all()
         pieces, g.queue = g.queue, deque()
         moved: list[_Slice] = []

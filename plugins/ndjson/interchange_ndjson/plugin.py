@@ -236,7 +236,8 @@ class _ServerSession:
         )
 
     async def _admit(self, ident: Any) -> bool:
-        """Wait for room among the unanswered publishes; False while draining (answered)."""
+        """Take one more unanswered publish or call: wait for room among them, or
+        answer ``failed`` and return False while draining."""
         if self.conn.shutdown.is_set():
             # Draining: acks from subscribers are still read, new messages are not taken.
             reason = "the gateway is shutting down"
@@ -244,12 +245,14 @@ class _ServerSession:
             return False
         while self.inflight >= self.max_inflight:
             await self._progress.park()
-        self.inflight += 1
         return True
 
     async def _publish(self, event: Publish) -> None:
-        if not await self._admit(event.id):
+        if (
+            self.inflight >= self.max_inflight or self.conn.shutdown.is_set()
+        ) and not await self._admit(event.id):
             return
+        self.inflight += 1
         try:
             receipt = await self.conn.hub.publish([self._message(event)])
         except BaseException:
@@ -260,6 +263,7 @@ class _ServerSession:
     async def _publish_many(self, event: PublishMany) -> None:
         if not await self._admit(event.id):
             return
+        self.inflight += 1
         try:
             receipt = await self.conn.hub.publish([self._message(m) for m in event.messages])
         except BaseException:
@@ -270,6 +274,7 @@ class _ServerSession:
     async def _call(self, event: Call) -> None:
         if not await self._admit(event.id):
             return
+        self.inflight += 1
         try:
             receipt = await self.conn.hub.call(self._message(event), event.timeout)
         except BaseException:
@@ -279,15 +284,10 @@ class _ServerSession:
 
     def _answer(self, ident: Any, receipt: Receipt) -> None:
         assert receipt.outcome is not None
-        result = receipt.result(0)
+        positions = None if receipt.plain else _offsets(receipt.result(0).positions)
         self.out.write(
             self.codec.send(
-                Published(
-                    ident,
-                    _STATUS[receipt.outcome],
-                    receipt.reason,
-                    positions=_offsets(result.positions),
-                )
+                Published(ident, _STATUS[receipt.outcome], receipt.reason, positions=positions)
             )
         )
         self._settled(receipt)
