@@ -14,6 +14,9 @@ committed position per named group, and end a finite read with
 
 from __future__ import annotations
 
+import functools
+import itertools
+import operator
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -21,7 +24,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
 import trio
 
-from .model import Message, Outcome, Position, Reply
+from .model import MESSAGE_OVERHEAD, Message, Outcome, Position, Reply
 from .receipts import Receipt
 
 if TYPE_CHECKING:
@@ -247,3 +250,24 @@ def refusal(
             f"{destination!r} ({max_bytes} bytes)"
         )
     return None
+
+
+#: Builds a Delivery from a plain 5-tuple without the named tuple's Python-level
+#: ``__new__`` (destinations make one per message handed out).
+new_delivery = functools.partial(tuple.__new__, Delivery)
+
+_anonymous_ids = itertools.count(1)
+_HEADERS = operator.attrgetter("headers")
+_BODY = operator.attrgetter("body")
+
+
+def anonymous_group() -> str:
+    """A fresh name for the group of one an anonymous subscriber makes."""
+    return f"~{next(_anonymous_ids)}"
+
+
+def message_sizes(messages: Sequence[Message]) -> list[int]:
+    """``Message.size`` of each message; C-level loops when none has headers."""
+    if any(map(_HEADERS, messages)):
+        return [m.size for m in messages]
+    return list(map(MESSAGE_OVERHEAD.__add__, map(len, map(_BODY, messages))))

@@ -35,7 +35,6 @@ out with C-level list operations.
 from __future__ import annotations
 
 import bisect
-import functools
 import heapq
 import itertools
 import operator
@@ -54,31 +53,18 @@ from .destination import (
     StartAt,
     StopAt,
     Subscription,
+    anonymous_group,
+    message_sizes,
+    new_delivery,
     refusal,
 )
-from .model import MESSAGE_OVERHEAD, Message, Outcome, Position
+from .model import Message, Outcome, Position
 from .receipts import Receipt
 
 if TYPE_CHECKING:
     from .filters import Filter
 
 __all__ = ["QUEUE_GROUP", "LogSubscription", "MemoryLog"]
-
-
-_anonymous_ids = itertools.count(1)
-
-#: Build named tuples from plain tuples without their Python-level ``__new__``.
-_new_delivery = functools.partial(tuple.__new__, Delivery)
-
-_HEADERS = operator.attrgetter("headers")
-_BODY = operator.attrgetter("body")
-
-
-def _sizes(messages: Sequence[Message]) -> list[int]:
-    """``Message.size`` of each message; C-level loops when none has headers."""
-    if any(map(_HEADERS, messages)):
-        return [m.size for m in messages]
-    return list(map(MESSAGE_OVERHEAD.__add__, map(len, map(_BODY, messages))))
 
 
 def _positions(lo: int, hi: int) -> list[Position]:
@@ -277,7 +263,7 @@ class MemoryLog(Destination):
         no offset.
         """
         n = len(messages)
-        sizes = _sizes(messages)
+        sizes = message_sizes(messages)
         limit = self.retain_bytes
         element = self.element_size
         i = 0
@@ -466,7 +452,7 @@ class MemoryLog(Destination):
                 )
         else:
             offset = self._start_offset(start)
-            name = f"~{next(_anonymous_ids)}" if group is None else group
+            name = anonymous_group() if group is None else group
             g = self._groups[name] = _Group(name, group is None, filter, offset)
         sub = LogSubscription(self, g, credit, max_unacked, max_unacked_bytes, stop)
         g.members.append(sub)
@@ -632,7 +618,7 @@ class LogSubscription(Subscription):
                     tag_bytes[tag] = size
                 held += size
                 message = log._messages[offset - log._base]
-                out.append(_new_delivery((tag, message, True, Position(offset), None)))
+                out.append(new_delivery((tag, message, True, Position(offset), None)))
         stop = log.tail if end is None else min(log.tail, end)
         f = g.filter
         messages, base = log._messages, log._base
@@ -676,7 +662,7 @@ class LogSubscription(Subscription):
                 tag_bytes.update(zip(run_tags, log._sizes_of(lo, hi), strict=True))
             held += log._cum(hi) - log._cum(lo)
             out += map(
-                _new_delivery,
+                new_delivery,
                 zip(
                     run_tags,
                     messages[lo - base : hi - base],

@@ -36,9 +36,7 @@ C-level list operations on its way through, not thousands of Python steps.
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
-import operator
 from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import repeat
@@ -54,21 +52,18 @@ from .destination import (
     StartAt,
     StopAt,
     Subscription,
+    anonymous_group,
+    message_sizes,
+    new_delivery,
     refusal,
 )
-from .model import MESSAGE_OVERHEAD, Message, Outcome, Reply
+from .model import Message, Outcome, Reply
 from .receipts import Receipt
 
 if TYPE_CHECKING:
     from .filters import Filter
 
 __all__ = ["QUEUE_GROUP", "Topic", "TopicLimits"]
-
-
-_anonymous_ids = itertools.count(1)
-
-#: Builds a Delivery from a 3-tuple without the named tuple's Python-level __new__.
-_new_delivery = functools.partial(tuple.__new__, Delivery)
 
 
 class TopicLimits:
@@ -79,17 +74,6 @@ class TopicLimits:
     def __init__(self, max_bytes: int = 64 * 1024 * 1024, max_messages: int = 100_000) -> None:
         self.max_bytes = max_bytes
         self.max_messages = max_messages
-
-
-_HEADERS = operator.attrgetter("headers")
-_BODY = operator.attrgetter("body")
-
-
-def _sizes(messages: Sequence[Message]) -> list[int]:
-    """``Message.size`` of each message; C-level loops when none has headers."""
-    if any(map(_HEADERS, messages)):
-        return [m.size for m in messages]
-    return list(map(MESSAGE_OVERHEAD.__add__, map(len, map(_BODY, messages))))
 
 
 class _Run:
@@ -327,7 +311,7 @@ class Topic(Destination):
     async def put_many(self, messages: Sequence[Message], receipt: Receipt, base: int = 0) -> None:
         """All of ``messages`` at once when every group has room for them, else one by one."""
         limits = self.limits
-        sizes = _sizes(messages)
+        sizes = message_sizes(messages)
         if not self._closed and (
             self.element_size is None or all(len(m.body) == self.element_size for m in messages)
         ):
@@ -515,7 +499,7 @@ class Topic(Destination):
                     f"not {_show(filter)}: members of a group share one filter"
                 )
         anonymous = group is None
-        name = f"~{next(_anonymous_ids)}" if group is None else group
+        name = anonymous_group() if group is None else group
         g = self._group(name, anonymous, filter)
         sub = TopicSubscription(self, g, credit, max_unacked, max_unacked_bytes)
         g.members.append(sub)
@@ -698,7 +682,7 @@ class TopicSubscription(Subscription):
             self._unacked += k
             self._unacked_bytes += nbytes
             out += map(
-                _new_delivery,
+                new_delivery,
                 zip(
                     range(tag0, tag0 + k),
                     run.messages[lo:hi],
