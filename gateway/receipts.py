@@ -165,7 +165,10 @@ class Receipt:
             self._mark(start, stop, outcome, reason)
         self._pending -= n
         if self._pending == 0 and self._sealed:
-            self._maybe_finish()
+            if self.is_call:
+                self._maybe_finish()
+            else:
+                self._finish()
 
     def settle(
         self,

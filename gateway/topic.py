@@ -775,7 +775,14 @@ class TopicSubscription(Subscription):
                 if ok:
                     freed_bytes += self._mark(i, lo, lo + ok)
                     freed += ok
-                    lease.run.settle(lease.lo + lo, lease.lo + lo + ok, Outcome.DELIVERED)
+                    run = lease.run
+                    start = lease.lo + lo
+                    if run.index is None:
+                        run.receipt.settle_range(
+                            run.base + start, run.base + start + ok, Outcome.DELIVERED
+                        )
+                    else:
+                        run.settle(start, start + ok, Outcome.DELIVERED)
                 if ok < hi - lo:
                     raise KeyError(f"unknown or already settled delivery tag {tag + ok}")
                 tag += ok
