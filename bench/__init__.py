@@ -16,12 +16,21 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Benchmark", "Metric", "Result", "benchmarks", "register"]
+__all__ = [
+    "Benchmark",
+    "Metric",
+    "Result",
+    "benchmarks",
+    "int_at_least",
+    "percentile",
+    "register",
+]
 
 
 @dataclass(slots=True)
@@ -47,6 +56,34 @@ class Result:
 
     def add(self, name: str, value: float | int, unit: str = "") -> None:
         self.metrics.append(Metric(name, value, unit))
+
+    def add_latencies(self, prefix: str, seconds: list[float]) -> None:
+        """``"<prefix> p50"``, ``p90``, ``p99`` and ``max`` in ms of latencies in seconds
+        (NaN when there are none)."""
+        ordered = sorted(seconds)
+        for p in (50, 90, 99):
+            self.add(f"{prefix} p{p}", percentile(ordered, p) * 1e3, "ms")
+        self.add(f"{prefix} max", (ordered[-1] if ordered else math.nan) * 1e3, "ms")
+
+
+def percentile(ordered: list[float], p: float) -> float:
+    """Nearest-rank percentile of an ascending list (NaN when empty)."""
+    if not ordered:
+        return math.nan
+    rank = max(1, math.ceil(p / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An option type: a whole number no smaller than ``minimum``."""
+
+    def convert(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
+        return value
+
+    return convert
 
 
 #: The function a benchmark registers: options in, result out.

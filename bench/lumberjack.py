@@ -72,7 +72,7 @@ import trio
 from gateway.errors import RemoteProtocolError
 from protocols.lumberjack import NEED_DATA, Ack, ClientCodec, ConnectionClosed, encode_window
 
-from . import Result, register
+from . import Result, int_at_least, register
 from ._gateway import RunningGateway, supervise, to_toml
 from ._system import busy_seconds
 
@@ -712,14 +712,6 @@ async def drive(
 # -- results ------------------------------------------------------------------------------------
 
 
-def percentile(ordered: list[float], p: float) -> float:
-    """Nearest-rank percentile of an ascending list (NaN when empty)."""
-    if not ordered:
-        return math.nan
-    rank = max(1, math.ceil(p / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
 def _params(args: argparse.Namespace, mode: str, window: bytes) -> dict[str, Any]:
     return {
         "mode": mode,
@@ -746,14 +738,10 @@ def report(
     """The figures of a completed run (self-checks are the caller's)."""
     elapsed = measured.elapsed
     rate = replay.window_events / elapsed
-    lat = sorted(replay.latencies)
     result.add("acked events", rate, "events/s")
     result.add("JSON throughput", rate * args.size / 2**20, "MiB/s")
     result.add("wire throughput", rate / args.events * len(replay.window) / 2**20, "MiB/s")
-    result.add("window ack latency p50", percentile(lat, 50) * 1e3, "ms")
-    result.add("window ack latency p90", percentile(lat, 90) * 1e3, "ms")
-    result.add("window ack latency p99", percentile(lat, 99) * 1e3, "ms")
-    result.add("window ack latency max", (lat[-1] if lat else math.nan) * 1e3, "ms")
+    result.add_latencies("window ack latency", replay.latencies)
     result.add("measured window", elapsed, "s")
     result.add("acked in window", replay.window_events, "events")
     result.add("windows sent (whole run)", replay.windows_sent, "windows")
@@ -792,7 +780,7 @@ def report(
                 "other processes used the CPU during the window: figures are not comparable"
             )
     result.details["others_cores_per_second_from_start"] = measured.others_per_second
-    result.details["latency_samples"] = len(lat)
+    result.details["latency_samples"] = len(replay.latencies)
     result.details["acked_events_per_second_from_start"] = replay.timeline
     result.details["stale_acks"] = replay.stale_acks
 
@@ -934,16 +922,6 @@ async def _run_relay(args: argparse.Namespace) -> Result:
 # -- options --------------------------------------------------------------------------------------
 
 
-def _int_at_least(minimum: int) -> Any:
-    def convert(text: str) -> int:
-        value = int(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
-        return value
-
-    return convert
-
-
 def _level(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 9:
@@ -954,13 +932,13 @@ def _level(text: str) -> int:
 def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--events",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=2048,
         help="events per window (default: %(default)s, Beats' bulk_max_size)",
     )
     parser.add_argument(
         "--size",
-        type=_int_at_least(MIN_SIZE),
+        type=int_at_least(MIN_SIZE),
         default=200,
         help="bytes of JSON per event, exactly (default: %(default)s)",
     )
@@ -972,13 +950,13 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--inflight",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=2,
         help="windows sent and not yet acked per connection (default: %(default)s)",
     )
     parser.add_argument(
         "--connections",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=1,
         help="replay connections, each with its own windows in flight (default: %(default)s)",
     )
@@ -995,7 +973,7 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-unacked",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=8192,
         help="events the consumer may hold unacked (default: %(default)s)",
     )

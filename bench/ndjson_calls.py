@@ -46,16 +46,14 @@ from interchange_ndjson.events import (
     Subscribe,
 )
 
-from . import Result, register
+from . import Result, int_at_least, register
 from ._gateway import RunningGateway, run_gateway
-from .ndjson_filtered import CpuSnapshot, add_cpu_metrics, check_gateway
+from ._ndjson import add_cpu_metrics, check_gateway, measure
 from .ndjson_pubsub import (
     LISTENER,
     RECEIVE_SIZE,
     SEQ_DIGITS,
-    _int_at_least,
     gateway_config,
-    percentile,
 )
 
 SERVICE = "svc"
@@ -72,19 +70,19 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--concurrency",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=64,
         help="calls sent and not yet answered, always (default: %(default)s)",
     )
     parser.add_argument(
         "--size",
-        type=_int_at_least(SEQ_DIGITS),
+        type=int_at_least(SEQ_DIGITS),
         default=200,
         help=f"request (and reply) body in bytes, at least {SEQ_DIGITS} (default: %(default)s)",
     )
     parser.add_argument(
         "--window",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=1000,
         help="the service's window: calls it may hold unanswered (default: %(default)s)",
     )
@@ -237,6 +235,10 @@ class Load:
                     self._idle.unpark_all()
                 await self.send_calls(stream, settled)
 
+    def stop(self) -> None:
+        """Send no new calls from now on."""
+        self.stopping = True
+
     async def wait_answered(self) -> None:
         while self.outstanding:
             await self._idle.park()
@@ -377,38 +379,24 @@ async def _drive(load: Load, gw: RunningGateway, args: argparse.Namespace, resul
     service = await trio.open_tcp_stream(host, port)
     caller = await trio.open_tcp_stream(host, port)
     async with service, caller:
-        with load.scope:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(load.serve, service)
-                nursery.start_soon(load.call, caller)
-                await trio.sleep(args.warmup)
-                start = CpuSnapshot.take(gw)
-                load.t0 = start.wall
-                await trio.sleep(args.seconds)
-                end = CpuSnapshot.take(gw)
-                load.t1 = end.wall
-                load.stopping = True
-                with trio.move_on_after(args.drain_timeout):
-                    await load.wait_answered()
-                load.closing = True
-                nursery.cancel_scope.cancel()
-        if load.t1 == math.inf:
+
+        async def start(nursery: trio.Nursery) -> None:
+            await nursery.start(load.serve, service)
+            nursery.start_soon(load.call, caller)
+
+        window = await measure(load, gw, args, start)
+        if window is None:
             return  # stopped by a failure; the problem says why
-        load.verify()
 
         elapsed = load.t1 - load.t0
-        lat = sorted(load.latencies)
         result.add("calls replied", load.window_replies / elapsed, "calls/s")
-        result.add("round trip p50", percentile(lat, 50) * 1e3, "ms")
-        result.add("round trip p90", percentile(lat, 90) * 1e3, "ms")
-        result.add("round trip p99", percentile(lat, 99) * 1e3, "ms")
-        result.add("round trip max", (lat[-1] if lat else math.nan) * 1e3, "ms")
+        result.add_latencies("round trip", load.latencies)
         result.add("measured window", elapsed, "s")
         result.add("replied in window", load.window_replies, "calls")
         result.add("calls (whole run)", load.calls_sent, "calls")
         result.add("answered by the service (whole run)", load.served_count, "calls")
-        add_cpu_metrics(result, gw, start, end, load.window_replies, per="call")
-    result.details["latency_samples"] = len(lat)
+        add_cpu_metrics(result, gw, *window, load.window_replies, per="call")
+    result.details["latency_samples"] = len(load.latencies)
 
 
 @register(

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import time
-from dataclasses import dataclass
 
 import trio
 from interchange_ndjson.codec import CLIENT, NEED_DATA, NdjsonConnection
@@ -44,9 +42,9 @@ from interchange_ndjson.events import (
 
 from gateway.filters import Filter
 
-from . import Result, register
+from . import Result, int_at_least, register
 from ._gateway import RunningGateway, run_gateway
-from ._system import busy_seconds
+from ._ndjson import add_cpu_metrics, check_gateway, measure
 from .ndjson_pubsub import (
     DESTINATION,
     LISTENER,
@@ -54,20 +52,18 @@ from .ndjson_pubsub import (
     SEQ_DIGITS,
     Load,
     Templates,
-    _arguments,
-    _int_at_least,
+    arguments,
     gateway_config,
-    percentile,
 )
 
 HEADER = "shard"
 
 
 def _filtered_arguments(parser: argparse.ArgumentParser) -> None:
-    _arguments(parser)
+    arguments(parser)
     parser.add_argument(
         "--subscribers",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=8,
         help="subscriber connections, each taking one shard of the messages (default: %(default)s)",
     )
@@ -195,76 +191,6 @@ class FilteredLoad(Load):
             )
 
 
-@dataclass(frozen=True, slots=True)
-class CpuSnapshot:
-    """The clocks at one instant: wall time, the gateway process's CPU (None
-    in-process), this process's CPU and the whole machine's busy time (None
-    off Linux)."""
-
-    wall: float
-    gateway: tuple[float, float] | None
-    own: float
-    busy: float | None
-
-    @classmethod
-    def take(cls, gw: RunningGateway) -> CpuSnapshot:
-        return cls(time.perf_counter(), gw.cpu_times(), time.process_time(), busy_seconds())
-
-
-def add_cpu_metrics(
-    result: Result,
-    gw: RunningGateway,
-    start: CpuSnapshot,
-    end: CpuSnapshot,
-    count: int,
-    per: str = "message",
-) -> None:
-    """The CPU figures of the window from ``start`` to ``end``, named as
-    ``ndjson-pubsub`` names them; ``count`` of ``per`` were done in it."""
-    elapsed = end.wall - start.wall
-    own_cpu = end.own - start.own
-    ours = own_cpu
-    if start.gateway is not None and end.gateway is not None:
-        gw_user, gw_system = (b - a for a, b in zip(start.gateway, end.gateway, strict=True))
-        gw_cpu = gw_user + gw_system
-        ours += gw_cpu
-        result.details["gateway_cpu_in_window_s"] = {"user": gw_user, "system": gw_system}
-        result.add("gateway cpu in window", gw_cpu, "s")
-        result.add("gateway cpu load in window", 100 * gw_cpu / elapsed, "% of a core")
-        if count:
-            result.add(f"gateway cpu per {per}", 1e6 * gw_cpu / count, "us")
-        total = gw.cpu_seconds()
-        if total is not None:
-            result.add("gateway cpu total (start to end of load)", total, "s")
-        rss = gw.max_rss_mib()
-        if rss is not None:
-            result.add("gateway max rss", rss, "MiB")
-        result.add("load generator cpu load in window", 100 * own_cpu / elapsed, "% of a core")
-    else:
-        result.add(
-            "process cpu load in window (gateway + load)", 100 * own_cpu / elapsed, "% of a core"
-        )
-        if count:
-            result.add(f"process cpu per {per}", 1e6 * own_cpu / count, "us")
-    if start.busy is not None and end.busy is not None:
-        others = max(0.0, (end.busy - start.busy) - ours)
-        result.add("other processes' cpu load in window", 100 * others / elapsed, "% of a core")
-        if others / elapsed > 0.15:
-            result.details["warning"] = (
-                "other processes used the CPU during the window: figures are not comparable"
-            )
-
-
-def check_gateway(gw: RunningGateway, result: Result, problems: list[str]) -> None:
-    """After the gateway stopped: it exited cleanly and logged no warning or error."""
-    if gw.returncode != 0:
-        problems.append(f"the gateway exited with status {gw.returncode}")
-    logged = gw.problems_logged()
-    if logged:
-        result.details["gateway_warnings"] = logged[-20:]
-        problems.append(f"the gateway logged {len(logged)} warnings or errors (see JSON)")
-
-
 async def _run(args: argparse.Namespace) -> Result:
     result = Result(
         params={
@@ -304,46 +230,29 @@ async def _drive(
             for _ in range(load.shards)
         ]
         pub = await streams.enter_async_context(await trio.open_tcp_stream(host, port))
-        with load.scope:
-            async with trio.open_nursery() as nursery:
-                for shard, stream in enumerate(subs):
-                    await nursery.start(load.subscribe_shard, stream, shard)
-                load.started = time.perf_counter()
-                nursery.start_soon(load.read_answers, pub)
-                nursery.start_soon(load.send_publishes, pub)
-                await trio.sleep(args.warmup)
-                start = CpuSnapshot.take(gw)
-                load.t0 = start.wall
-                await trio.sleep(args.seconds)
-                end = CpuSnapshot.take(gw)
-                load.t1 = end.wall
-                load.stopping = True
-                load._room.unpark_all()
-                with trio.move_on_after(args.drain_timeout):
-                    await load.wait_answered()
-                load.closing = True
-                nursery.cancel_scope.cancel()
-        if load.t1 == math.inf:
+
+        async def start(nursery: trio.Nursery) -> None:
+            for shard, stream in enumerate(subs):
+                await nursery.start(load.subscribe_shard, stream, shard)
+            load.start_publishing(nursery, pub)
+
+        window = await measure(load, gw, args, start)
+        if window is None:
             return  # stopped by a failure; the problem says why
-        load.verify()
 
         elapsed = load.t1 - load.t0
-        lat = sorted(load.latencies)
         result.add("acked end to end (delivered)", load.window_acks / elapsed, "msg/s")
         result.add("deliveries, all subscribers", load.window_deliveries / elapsed, "msg/s")
-        result.add("latency p50", percentile(lat, 50) * 1e3, "ms")
-        result.add("latency p90", percentile(lat, 90) * 1e3, "ms")
-        result.add("latency p99", percentile(lat, 99) * 1e3, "ms")
-        result.add("latency max", (lat[-1] if lat else math.nan) * 1e3, "ms")
+        result.add_latencies("latency", load.latencies)
         result.add("measured window", elapsed, "s")
         result.add("acked in window", load.window_acks, "msg")
         result.add("published (whole run)", load.published, "msg")
         result.add("answered delivered (whole run)", load.delivered, "msg")
         result.add("received by subscribers (whole run)", load.received_count, "msg")
         result.add("fewest received by one subscriber", min(load.by_shard), "msg")
-        add_cpu_metrics(result, gw, start, end, load.window_acks)
+        add_cpu_metrics(result, gw, *window, load.window_acks)
     result.details["received_by_shard"] = load.by_shard
-    result.details["latency_samples"] = len(lat)
+    result.details["latency_samples"] = len(load.latencies)
     result.details["delivered_per_second_from_start"] = load.timeline
 
 

@@ -49,9 +49,9 @@ from interchange_ndjson.events import (
     Subscribe,
 )
 
-from . import Result, register
+from . import Result, int_at_least, register
 from ._gateway import RunningGateway, run_gateway
-from ._system import busy_seconds
+from ._ndjson import add_cpu_metrics, check_gateway, measure
 
 DESTINATION = "bench"
 LISTENER = "bench"
@@ -60,7 +60,7 @@ SEQ_DIGITS = 12
 RECEIVE_SIZE = 65536
 
 
-def _arguments(parser: argparse.ArgumentParser) -> None:
+def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mode",
         choices=("subprocess", "inprocess"),
@@ -70,25 +70,25 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--size",
-        type=_int_at_least(SEQ_DIGITS),
+        type=int_at_least(SEQ_DIGITS),
         default=200,
         help=f"message body in bytes, at least {SEQ_DIGITS} (default: %(default)s)",
     )
     parser.add_argument(
         "--inflight",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=500,
         help="publishes sent and not yet answered, at most (default: %(default)s)",
     )
     parser.add_argument(
         "--batch",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=1000,
         help="most publishes written in one send (default: %(default)s)",
     )
     parser.add_argument(
         "--window",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=1000,
         help="the subscriber's window: deliveries it may hold unacked (default: %(default)s)",
     )
@@ -111,16 +111,6 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="seconds to wait for outstanding answers after the window (default: %(default)g)",
     )
-
-
-def _int_at_least(minimum: int) -> Any:
-    def convert(text: str) -> int:
-        value = int(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
-        return value
-
-    return convert
 
 
 #: The ndjson listener's default ``max_inflight`` (unanswered publishes per connection).
@@ -223,6 +213,17 @@ class Load:
         self.scope.cancel()
 
     # -- publisher ---------------------------------------------------------------
+    def start_publishing(self, nursery: trio.Nursery, stream: trio.abc.Stream) -> None:
+        """Start the publisher on ``stream``: its sender and its reader of answers."""
+        self.started = time.perf_counter()
+        nursery.start_soon(self.read_answers, stream)
+        nursery.start_soon(self.send_publishes, stream)
+
+    def stop(self) -> None:
+        """Publish nothing more (wakes the sender if it waits for room)."""
+        self.stopping = True
+        self._room.unpark_all()
+
     async def send_publishes(self, stream: trio.abc.SendStream) -> None:
         templates = self.templates
         while not self.stopping:
@@ -378,14 +379,6 @@ _ONE_ONLY = bytes(1 if i == 1 else 0 for i in range(256))
 _NONZERO = bytes(1 if i else 0 for i in range(256))
 
 
-def percentile(ordered: list[float], p: float) -> float:
-    """Nearest-rank percentile of an ascending list (NaN when empty)."""
-    if not ordered:
-        return math.nan
-    rank = max(1, math.ceil(p / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
 async def _run(args: argparse.Namespace) -> Result:
     result = Result(
         params={
@@ -407,107 +400,46 @@ async def _run(args: argparse.Namespace) -> Result:
     config = gateway_config(args)
     result.details["gateway_config"] = config
     async with run_gateway(config, args.mode, profile=args.profile) as gw:
-        host, port = gw.address(LISTENER)
-        await _drive(load, gw, host, port, args, result)
-    if gw.returncode != 0:
-        load.problems.append(f"the gateway exited with status {gw.returncode}")
-    logged = gw.problems_logged()
-    if logged:
-        result.details["gateway_warnings"] = logged[-20:]
-        load.problems.append(f"the gateway logged {len(logged)} warnings or errors (see JSON)")
+        await _drive(load, gw, args, result)
+    check_gateway(gw, result, load.problems)
     result.problems = load.problems
     return result
 
 
-async def _drive(
-    load: Load,
-    gw: RunningGateway,
-    host: str,
-    port: int,
-    args: argparse.Namespace,
-    result: Result,
-) -> None:
+async def _drive(load: Load, gw: RunningGateway, args: argparse.Namespace, result: Result) -> None:
     """Run the load for warm-up + window, drain, check, and fill ``result``."""
+    host, port = gw.address(LISTENER)
     sub_stream = await trio.open_tcp_stream(host, port)
     pub_stream = await trio.open_tcp_stream(host, port)
     async with sub_stream, pub_stream:
-        with load.scope:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(load.subscribe, sub_stream)
-                load.started = time.perf_counter()
-                nursery.start_soon(load.read_answers, pub_stream)
-                nursery.start_soon(load.send_publishes, pub_stream)
-                await trio.sleep(args.warmup)
-                gw_times0 = gw.cpu_times()
-                own_cpu0, busy0 = time.process_time(), busy_seconds()
-                load.t0 = time.perf_counter()
-                await trio.sleep(args.seconds)
-                load.t1 = time.perf_counter()
-                gw_times1 = gw.cpu_times()
-                own_cpu1, busy1 = time.process_time(), busy_seconds()
-                load.stopping = True
-                load._room.unpark_all()
-                with trio.move_on_after(args.drain_timeout):
-                    await load.wait_answered()
-                load.closing = True
-                nursery.cancel_scope.cancel()
-        if load.t1 == math.inf:
-            return  # stopped by a failure; the problem says why
-        load.verify()
-        gw_cpu_end = gw.cpu_seconds()
 
-    elapsed = load.t1 - load.t0
-    rate = load.window_acks / elapsed
-    lat = sorted(load.latencies)
-    result.add("acked end to end (delivered)", rate, "msg/s")
-    result.add("body throughput", rate * args.size / 2**20, "MiB/s")
-    result.add("latency p50", percentile(lat, 50) * 1e3, "ms")
-    result.add("latency p90", percentile(lat, 90) * 1e3, "ms")
-    result.add("latency p99", percentile(lat, 99) * 1e3, "ms")
-    result.add("latency max", (lat[-1] if lat else math.nan) * 1e3, "ms")
-    result.add("measured window", elapsed, "s")
-    result.add("acked in window", load.window_acks, "msg")
-    result.add("published (whole run)", load.published, "msg")
-    result.add("answered delivered (whole run)", load.delivered, "msg")
-    result.add("received by subscriber (whole run)", load.received_count, "msg")
-    own_cpu = own_cpu1 - own_cpu0
-    ours = own_cpu
-    if gw_times0 is not None and gw_times1 is not None:
-        gw_user, gw_system = (b - a for a, b in zip(gw_times0, gw_times1, strict=True))
-        gw_cpu = gw_user + gw_system
-        ours += gw_cpu
-        result.details["gateway_cpu_in_window_s"] = {"user": gw_user, "system": gw_system}
-        result.add("gateway cpu in window", gw_cpu, "s")
-        result.add("gateway cpu load in window", 100 * gw_cpu / elapsed, "% of a core")
-        if load.window_acks:
-            result.add("gateway cpu per message", 1e6 * gw_cpu / load.window_acks, "us")
-        if gw_cpu_end is not None:
-            result.add("gateway cpu total (start to end of load)", gw_cpu_end, "s")
-        rss = gw.max_rss_mib()
-        if rss is not None:
-            result.add("gateway max rss", rss, "MiB")
-        result.add("load generator cpu load in window", 100 * own_cpu / elapsed, "% of a core")
-    else:
-        result.add(
-            "process cpu load in window (gateway + load)", 100 * own_cpu / elapsed, "% of a core"
-        )
-        if load.window_acks:
-            result.add("process cpu per message", 1e6 * own_cpu / load.window_acks, "us")
-    if busy0 is not None and busy1 is not None:
-        others = max(0.0, (busy1 - busy0) - ours)
-        result.add("other processes' cpu load in window", 100 * others / elapsed, "% of a core")
-        if others / elapsed > 0.15:
-            result.details["warning"] = (
-                "other processes used the CPU during the window: figures are not comparable"
-            )
-    result.details["latency_samples"] = len(lat)
+        async def start(nursery: trio.Nursery) -> None:
+            await nursery.start(load.subscribe, sub_stream)
+            load.start_publishing(nursery, pub_stream)
+
+        window = await measure(load, gw, args, start)
+        if window is None:
+            return  # stopped by a failure; the problem says why
+
+        elapsed = load.t1 - load.t0
+        rate = load.window_acks / elapsed
+        result.add("acked end to end (delivered)", rate, "msg/s")
+        result.add("body throughput", rate * args.size / 2**20, "MiB/s")
+        result.add_latencies("latency", load.latencies)
+        result.add("measured window", elapsed, "s")
+        result.add("acked in window", load.window_acks, "msg")
+        result.add("published (whole run)", load.published, "msg")
+        result.add("answered delivered (whole run)", load.delivered, "msg")
+        result.add("received by subscriber (whole run)", load.received_count, "msg")
+        add_cpu_metrics(result, gw, *window, load.window_acks)
+    result.details["latency_samples"] = len(load.latencies)
     result.details["delivered_per_second_from_start"] = load.timeline
 
 
 @register(
     "ndjson-pubsub",
     "ndjson publisher → gateway → acking subscriber: acked msg/s and publish→ack latency",
-    arguments=_arguments,
+    arguments=arguments,
 )
 def run(args: argparse.Namespace) -> Result:
     return trio.run(_run, args)
