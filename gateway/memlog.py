@@ -206,6 +206,13 @@ class MemoryLog(Destination):
         #: Publishers waiting for room.
         self._space = trio.lowlevel.ParkingLot()
         self._closed = False
+        self._info = DestinationInfo(
+            name,
+            "log",
+            element_size,
+            positions=True,
+            queue_group=QUEUE_GROUP if kind == "queue" else None,
+        )
         if kind == "queue":
             # Exists from the start, so it holds every message from offset 0.
             self._groups[QUEUE_GROUP] = _Group(QUEUE_GROUP, False, None, 0)
@@ -244,13 +251,7 @@ class MemoryLog(Destination):
 
     @property
     def info(self) -> DestinationInfo:
-        return DestinationInfo(
-            self.name,
-            "log",
-            self.element_size,
-            positions=True,
-            queue_group=QUEUE_GROUP if self.kind == "queue" else None,
-        )
+        return self._info
 
     async def put(self, message: Message, receipt: Receipt, index: int = 0) -> None:
         await self.put_many((message,), receipt, index)

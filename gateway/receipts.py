@@ -62,7 +62,6 @@ class _Extra:
 
     code: int | None = None
     details: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
-    positions: dict[str, Position] = field(default_factory=dict)
 
 
 _DELIVERED = Result()
@@ -165,10 +164,7 @@ class Receipt:
             self._mark(start, stop, outcome, reason)
         self._pending -= n
         if self._pending == 0 and self._sealed:
-            if self.is_call:
-                self._maybe_finish()
-            else:
-                self._finish()
+            self._maybe_finish()
 
     def settle(
         self,
@@ -330,7 +326,7 @@ class Receipt:
         )
         reason = self._reasons.get(index, "") if self._reasons else ""
         extra = self._extras.get(index) if self._extras else None
-        positions: dict[str, Position] | None = dict(extra.positions) if extra else None
+        positions: dict[str, Position] | None = None
         if self._position_runs:
             for start, destination, run in self._position_runs:
                 if start <= index < start + len(run):

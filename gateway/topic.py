@@ -419,17 +419,11 @@ class Topic(Destination):
             g = _Group(name, anonymous, filter)
             self._filtering += filter is not None
             if self._backlog.queue:
-                # A new group adopts what an earlier group left behind and no
-                # other group wanted.
-                if filter is None and not self._groups:
-                    g.queue, self._backlog.queue = self._backlog.queue, deque()
-                    g.used_bytes, self._backlog.used_bytes = self._backlog.used_bytes, 0
-                    g.used_count, self._backlog.used_count = self._backlog.used_count, 0
-                else:
-                    # Only what its filter matches; the rest waits for another group.
-                    pieces, self._backlog.queue = self._backlog.queue, deque()
-                    self._backlog.used_bytes = self._backlog.used_count = 0
-                    self._hand_over(list(pieces), [g])
+                # A new group adopts what an earlier group left behind and no other
+                # group wanted, as far as its filter matches; the rest waits on.
+                pieces, self._backlog.queue = self._backlog.queue, deque()
+                self._backlog.used_bytes = self._backlog.used_count = 0
+                self._hand_over(list(pieces), [g])
             self._groups[name] = g
         return g
 
@@ -437,7 +431,8 @@ class Topic(Destination):
         """Give each copy to the first of ``groups`` whose filter matches it, else to
         the backlog: a copy a group took is never lost, nor given to a group that
         does not want it."""
-        if all(g.filter is None for g in groups[:1]):
+        if not groups or groups[0].filter is None:
+            # The first group takes everything (or, with none, the backlog keeps it).
             targets = {id(groups[0] if groups else self._backlog): pieces}
         else:
             targets = {}
@@ -775,14 +770,7 @@ class TopicSubscription(Subscription):
                 if ok:
                     freed_bytes += self._mark(i, lo, lo + ok)
                     freed += ok
-                    run = lease.run
-                    start = lease.lo + lo
-                    if run.index is None:
-                        run.receipt.settle_range(
-                            run.base + start, run.base + start + ok, Outcome.DELIVERED
-                        )
-                    else:
-                        run.settle(start, start + ok, Outcome.DELIVERED)
+                    lease.run.settle(lease.lo + lo, lease.lo + lo + ok, Outcome.DELIVERED)
                 if ok < hi - lo:
                     raise KeyError(f"unknown or already settled delivery tag {tag + ok}")
                 tag += ok

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import trio
@@ -179,12 +179,16 @@ class _ServerSession:
         self.out.write(self.codec.send(Error(message)))
 
     async def _handle(self, event: Event) -> None:
+        hub = self.conn.hub
         if isinstance(event, Publish):
-            await self._publish(event)
+            message = self._message(event)
+            await self._submit(event.id, lambda: hub.publish([message]), self._answer)
         elif isinstance(event, PublishMany):
-            await self._publish_many(event)
+            messages = [self._message(m) for m in event.messages]
+            await self._submit(event.id, lambda: hub.publish(messages), self._answer_many)
         elif isinstance(event, Call):
-            await self._call(event)
+            call = self._message(event)
+            await self._submit(event.id, lambda: hub.call(call, event.timeout), self._answer_call)
         elif isinstance(event, ReplyTo):
             sub, tag = self._delivery(event.tag, keep=True)
             reply = Reply(event.body, event.headers, event.content_type, event.code, event.error)
@@ -235,52 +239,29 @@ class _ServerSession:
             source=self.conn.source(),
         )
 
-    async def _admit(self, ident: Any) -> bool:
-        """Take one more unanswered publish or call: wait for room among them, or
-        answer ``failed`` and return False while draining."""
+    async def _submit(
+        self,
+        ident: Any,
+        send: Callable[[], Awaitable[Receipt]],
+        answer: Callable[[Any, Receipt], None],
+    ) -> None:
+        """Take one more unanswered publish or call (waiting for room among them),
+        hand it to the hub with ``send``, and ``answer`` it once its receipt settles.
+        While draining it is answered ``failed`` instead."""
         if self.conn.shutdown.is_set():
             # Draining: acks from subscribers are still read, new messages are not taken.
             reason = "the gateway is shutting down"
             self.out.write(self.codec.send(Published(ident, "failed", reason)))
-            return False
+            return
         while self.inflight >= self.max_inflight:
             await self._progress.park()
-        return True
-
-    async def _publish(self, event: Publish) -> None:
-        if (
-            self.inflight >= self.max_inflight or self.conn.shutdown.is_set()
-        ) and not await self._admit(event.id):
-            return
         self.inflight += 1
         try:
-            receipt = await self.conn.hub.publish([self._message(event)])
+            receipt = await send()
         except BaseException:
             self._settled(None)
             raise
-        receipt.add_done_callback(functools.partial(self._answer, event.id))
-
-    async def _publish_many(self, event: PublishMany) -> None:
-        if not await self._admit(event.id):
-            return
-        self.inflight += 1
-        try:
-            receipt = await self.conn.hub.publish([self._message(m) for m in event.messages])
-        except BaseException:
-            self._settled(None)
-            raise
-        receipt.add_done_callback(functools.partial(self._answer_many, event.id))
-
-    async def _call(self, event: Call) -> None:
-        if not await self._admit(event.id):
-            return
-        self.inflight += 1
-        try:
-            receipt = await self.conn.hub.call(self._message(event), event.timeout)
-        except BaseException:
-            self._settled(None)
-            raise
-        receipt.add_done_callback(functools.partial(self._answer_call, event.id))
+        receipt.add_done_callback(functools.partial(answer, ident))
 
     def _answer(self, ident: Any, receipt: Receipt) -> None:
         assert receipt.outcome is not None
