@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import pytest
 
-from gateway.config import Config, ConfigError, load
+from gateway.config import Config, ConfigError, default_config, load
 from gateway.hub import HubLimits
 from gateway.plugin import Option, ProtocolPlugin, Role
 from gateway.registry import Registered, Registry, default_registry
@@ -922,3 +922,14 @@ def test_gateway_check_knows_destinations(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert f"{path}: destinations[0].kind:" in result.stderr
+
+
+def test_the_embedded_default_publishes_into_queues() -> None:
+    """What the default listeners publish waits for a consumer, so senders are acked
+    only once somebody took each message."""
+    config = default_config()
+    destinations = {ls.destination for ls in config.listeners}
+    assert destinations
+    assert [(d.name, d.kind) for d in config.destinations] == [
+        (name, "queue") for name in sorted(destinations)
+    ]

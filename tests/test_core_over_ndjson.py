@@ -21,6 +21,7 @@ from interchange_ndjson.client import NdjsonClient
 from interchange_ndjson.events import Deliver, End, Publish, Published, Replied
 
 from gateway.filters import Filter
+from gateway.model import Reply
 from gateway.runtime import Gateway
 
 
@@ -108,6 +109,24 @@ async def test_a_call_is_answered_by_a_reply_from_another_connection() -> None:
             0,
             {"served-by": "one"},
         )
+
+
+async def test_a_reply_code_ndjson_cannot_carry_reaches_the_caller_as_unknown() -> None:
+    """A service of another protocol may answer with any status; ndjson's codes stop at
+    2**31-1, so a larger one arrives as UNKNOWN (2) with its message kept."""
+    async with running_gateway(config()) as gw, client(gw) as caller:
+        service = gw.hub.subscribe("svc", "pool")
+        async with trio.open_nursery() as nursery:
+
+            async def serve() -> None:
+                (d,) = await service.receive()
+                service.reply(d.tag, Reply(b"", status=2**40, message="too big a code"))
+
+            nursery.start_soon(serve)
+            with trio.fail_after(5):
+                answer = await caller.call(b"x", "svc", timeout=5)
+        assert isinstance(answer, Replied), answer
+        assert (answer.code, answer.error) == (2, "too big a code")
 
 
 async def test_a_call_nobody_answers_in_time_fails_with_the_reason() -> None:
@@ -298,6 +317,10 @@ async def test_a_plain_topic_with_no_subscriber_does_not_hold_the_publisher() ->
 async def test_a_configured_group_collects_before_its_first_member() -> None:
     cfg = config(destinations=[{"name": "alerts", "groups": ["pager"]}])
     async with running_gateway(cfg) as gw, client(gw) as pub:
+        # Named in the table, it exists from start-up with its group.
+        assert gw.hub.destinations()["alerts"].stats()["groups"] == {
+            "pager": {"queued": 0, "held_bytes": 0, "held": 0, "members": 0}
+        }
         ids = await pub.publish_nowait([b"a1", b"a2"], "alerts")
         async with client(gw) as pager:
             await pager.subscribe("alerts", "pager")
