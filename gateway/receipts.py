@@ -70,35 +70,25 @@ _DELIVERED = Result()
 class Receipt:
     """Settles once every leg of a publish has settled; the worst outcome wins."""
 
-    # What every publish touches lives in slots; what only some need (per-message
-    # details, calls) are class-level defaults, set per instance when needed, so
-    # a plain publish does not pay for initialising them.
     __slots__ = (
-        "__dict__",
         "_callbacks",
         "_count",
         "_event",
+        "_extras",
         "_legs",
         "_outcome",
         "_pending",
+        "_position_runs",
+        "_reasons",
+        "_replied",
         "_sealed",
         "_worst",
+        "_worsts",
+        "is_call",
         "reason",
+        "reply",
+        "reply_by",
     )
-
-    #: Per message, built on first need: worst outcome, its reason, extras.
-    _worsts: bytearray | None = None
-    _reasons: dict[int, str] | None = None
-    _extras: dict[int, _Extra] | None = None
-    #: ``(first index, destination, positions)`` of each stored run.
-    _position_runs: list[tuple[int, str, Sequence[Position]]] | None = None
-    #: A call: one message that asks for a reply.
-    is_call = False
-    _replied = -1
-    #: The first reply to a call (``None`` until one arrives, and for publishes).
-    reply: Reply | None = None
-    #: For a call, the trio time by which it wants its reply.
-    reply_by: float | None = None
 
     def __init__(self, count: int = 0) -> None:
         #: Messages in the publish: the length of :meth:`results`.
@@ -114,6 +104,19 @@ class Receipt:
         self.reason = ""
         #: The worst outcome so far; final only once every leg has settled.
         self._worst = Outcome.DELIVERED
+        #: Per message, built on first need: worst outcome, its reason, extras.
+        self._worsts: bytearray | None = None
+        self._reasons: dict[int, str] | None = None
+        self._extras: dict[int, _Extra] | None = None
+        #: ``(first index, destination, positions)`` of each stored run.
+        self._position_runs: list[tuple[int, str, Sequence[Position]]] | None = None
+        #: A call: one message that asks for a reply.
+        self.is_call = False
+        self._replied = -1
+        #: The first reply to a call (``None`` until one arrives, and for publishes).
+        self.reply: Reply | None = None
+        #: For a call, the trio time by which it wants its reply.
+        self.reply_by: float | None = None
 
     @classmethod
     def settled(cls, outcome: Outcome, reason: str = "", count: int = 0) -> Receipt:
