@@ -30,6 +30,7 @@ def test_bench_lists_its_benchmarks() -> None:
         "ndjson-calls",
         "lumberjack",
         "lumberjack-relay",
+        "hub-roundtrip",
     ):
         assert name in out
 
@@ -51,3 +52,10 @@ def test_a_short_run_passes_its_self_checks(
     result = bench(name, "--seconds", "1", "--warmup", "0.2", "--no-json", *options)
     assert result.returncode == 0, result.stdout + result.stderr
     assert metric in result.stdout
+
+
+def test_the_hub_roundtrip_passes_its_self_checks() -> None:
+    """The socket-free hub loop: every message received once, every receipt delivered."""
+    result = bench("hub-roundtrip", "--messages", "2000", "--rounds", "2", "--no-json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "publish + receive + ack" in result.stdout
