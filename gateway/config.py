@@ -8,6 +8,7 @@ against the config file's folder. Nothing here binds or connects.
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import tomllib
@@ -19,7 +20,8 @@ from typing import Any
 from .catalog import DestinationSpec
 from .hub import HubLimits
 from .model import MESSAGE_OVERHEAD
-from .plugin import ListenerSettings, Option, ProtocolPlugin, UpstreamSettings
+from .options import REQUIRED, Option
+from .plugin import ListenerSettings, ProtocolPlugin, UpstreamSettings
 from .registry import Registry, default_registry
 from .routing import UPSTREAM_PREFIX, Route, RouteError, Router
 from .transports.base import TlsClientSettings, TlsServerSettings
@@ -28,7 +30,8 @@ from .units import parse_duration, parse_size
 __all__ = ["Config", "ConfigError", "GatewaySettings", "default_config", "load", "parse"]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
-_REQUIRED = object()
+_REQUIRED = REQUIRED
+_INDEX = re.compile(r"\[\d+\]")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 #: The metrics endpoint's port in the embedded default (Prometheus exporters' 9464).
 DEFAULT_METRICS_PORT = 9464
@@ -68,6 +71,9 @@ class _Errors:
     def __init__(self, source: str) -> None:
         self.source = source
         self.items: list[str] = []
+        #: ``upstream`` options read so far, as (key path, upstream name, protocol of
+        #: the declaring listener or upstream): resolved once every upstream is read.
+        self.refs: list[tuple[str, str, str]] = []
 
     def add(self, key: str, message: str) -> None:
         self.items.append(
@@ -173,23 +179,108 @@ class _Table:
             return None
         return _Table(self.errors, self.key(name), self.data[name])
 
-    def options(self, schema: Mapping[str, Option]) -> dict[str, Any]:
-        return {
-            name: self.get(
-                name,
-                opt.kind,
-                opt.default,
-                minimum=opt.minimum,
-                maximum=opt.maximum,
-                choices=opt.choices,
-            )
-            for name, opt in schema.items()
-        }
+    def options(self, schema: Mapping[str, Option], protocol: str) -> dict[str, Any]:
+        """The plugin-declared keys of ``schema``: converted and defaulted, tables too.
+
+        The one validator of plugin options, recursive for ``table``/``tables``.
+        ``protocol`` is that of the listener or upstream declaring them: an
+        ``upstream`` option must name an upstream speaking it, which
+        :func:`_check_upstream_refs` checks once every upstream is read.
+        """
+        return {name: self._option(name, opt, protocol) for name, opt in schema.items()}
+
+    def _option(self, name: str, opt: Option, protocol: str) -> Any:
+        if opt.kind == "table":
+            return self._table_option(name, opt, protocol)
+        if opt.kind == "tables":
+            return self._tables_option(name, opt, protocol)
+        errors_before = len(self.errors.items)
+        value = self.get(
+            name,
+            "str" if opt.kind == "upstream" else opt.kind,
+            _fresh(opt.default),
+            minimum=opt.minimum,
+            maximum=opt.maximum,
+            choices=opt.choices,
+            check=opt.check,
+        )
+        written = name in self.data and len(self.errors.items) == errors_before
+        if opt.kind == "upstream" and written:
+            self.errors.refs.append((self.key(name), value, protocol))
+        return value
+
+    def _absent(self, name: str, opt: Option) -> Any:
+        if opt.required:
+            self.errors.add(self.key(name), "is required")
+            return None
+        return _fresh(opt.default)
+
+    def _table_option(self, name: str, opt: Option, protocol: str) -> Any:
+        sub = self.table(name)
+        if sub is None:
+            return self._absent(name, opt)
+        if not sub.ok:
+            return None if opt.required else _fresh(opt.default)
+        value, clean = sub._fields(opt, protocol)
+        if clean:
+            self._check(name, opt, value)
+        return value
+
+    def _tables_option(self, name: str, opt: Option, protocol: str) -> Any:
+        self.used.add(name)
+        if name not in self.data:
+            return self._absent(name, opt)
+        entries = self.data[name]
+        key = self.key(name)
+        if not isinstance(entries, list):
+            got = _describe(entries)
+        else:
+            got = next((_describe(e) for e in entries if not isinstance(e, dict)), "")
+            got = got and f"a list holding {got}"
+        if got:
+            # How the user writes one entry: [[listeners.services]], without indexes.
+            header = _INDEX.sub("", key)
+            self.errors.add(key, f"expected an array of tables ([[{header}]]), got {got}")
+            return None if opt.required else _fresh(opt.default)
+        value = []
+        clean = True
+        for i, entry in enumerate(entries):
+            fields, ok = _Table(self.errors, f"{key}[{i}]", entry)._fields(opt, protocol)
+            value.append(fields)
+            clean = clean and ok
+        if clean:
+            self._check(name, opt, value)
+        return value
+
+    def _fields(self, opt: Option, protocol: str) -> tuple[dict[str, Any], bool]:
+        """This table as an entry of ``opt``; and whether it had no errors."""
+        errors_before = len(self.errors.items)
+        value = self.options(opt.fields, protocol)
+        names = list(opt.fields)
+        self.finish(
+            f"keys are {', '.join(names[:-1])} and {names[-1]}"
+            if len(names) > 1
+            else f"the only key is {names[0]}"
+        )
+        return value, len(self.errors.items) == errors_before
+
+    def _check(self, name: str, opt: Option, value: Any) -> None:
+        if opt.check is None:
+            return
+        try:
+            opt.check(value)
+        except ValueError as e:
+            self.errors.add(self.key(name), str(e))
 
     def finish(self, hint: str = "") -> None:
         for name in self.data:
             if name not in self.used:
                 self.errors.add(self.key(name), "unknown key" + (f" ({hint})" if hint else ""))
+
+
+def _fresh(default: Any) -> Any:
+    """A default to hand out: a copy when mutable, so no two settings share one."""
+    return copy.deepcopy(default) if isinstance(default, list | dict) else default
 
 
 def _path(base: Path, value: str | None) -> Path | None:
@@ -253,6 +344,7 @@ def parse(
     fixed_binds = [(i, ls.bind) for i, ls in indexed_listeners if not _any_port(ls.bind)]
     _unique(errors, "listeners", fixed_binds, "bind")
     _unique(errors, "upstreams", [(i, up.name) for i, up in indexed_upstreams], "name")
+    _check_upstream_refs(errors, root.data.get("upstreams"))
     listeners = [ls for _, ls in indexed_listeners]
     upstreams = [up for _, up in indexed_upstreams]
 
@@ -380,6 +472,23 @@ def _array(root: _Table, name: str, errors: _Errors) -> list[Any]:
     return value
 
 
+def _check_upstream_refs(errors: _Errors, upstreams: Any) -> None:
+    """Check the ``upstream`` options read so far against ``[[upstreams]]`` as written.
+
+    An upstream with errors of its own still counts as configured here, so
+    that a reference to it adds no second error.
+    """
+    speaks: dict[str, Any] = {}
+    for item in upstreams if isinstance(upstreams, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("name"), str):
+            speaks.setdefault(item["name"], item.get("protocol"))
+    for key, name, protocol in errors.refs:
+        if name not in speaks:
+            errors.add(key, f"no upstream named {name!r} is configured")
+        elif isinstance(speaks[name], str) and speaks[name] != protocol:
+            errors.add(key, f"upstream {name!r} speaks {speaks[name]!r}, not {protocol!r}")
+
+
 def _unique(errors: _Errors, table: str, values: list[tuple[int, str]], key: str) -> None:
     seen: set[str] = set()
     for i, v in values:
@@ -399,7 +508,9 @@ def _check_address(registry: Registry) -> Callable[[str], None]:
     return check
 
 
-def _protocol(t: _Table, registry: Registry, role: str) -> tuple[str | None, ProtocolPlugin | None]:
+def _protocol(
+    t: _Table, registry: Registry, role: str
+) -> tuple[str | None, type[ProtocolPlugin] | None]:
     """The ``protocol`` key: its name, and the plugin if it is loaded and has ``role``."""
     protocol_name = t.get("protocol", "str")
     if protocol_name is None:
@@ -446,7 +557,7 @@ def _listener(t: _Table, base: Path, registry: Registry) -> ListenerSettings | N
             settings.tls = TlsServerSettings(cert, key, client_ca, client_auth, min_version)
             _try_tls(t, tls.path, lambda: registry.layer("tls").server_context(settings.tls))
     if plugin is not None:
-        settings.options = t.options(plugin.listener_options)
+        settings.options = t.options(plugin.listener_options, protocol_name or "")
     t.finish(f"see the {protocol_name!r} protocol's listener options" if plugin else "")
     if None in (name, protocol_name, bind) or plugin is None:
         return None
@@ -474,6 +585,7 @@ def _upstream(t: _Table, base: Path, registry: Registry) -> UpstreamSettings | N
         handshake_timeout=t.get("handshake_timeout", "duration", 10.0),
         backoff_initial=t.get("backoff_initial", "duration", 1.0),
         backoff_max=t.get("backoff_max", "duration", 60.0),
+        destination=t.get("destination", "str", name or ""),
     )
     tls = t.table("tls")
     if tls is not None and tls.ok:
@@ -488,7 +600,7 @@ def _upstream(t: _Table, base: Path, registry: Registry) -> UpstreamSettings | N
         tls.finish()
         _try_tls(t, tls.path, lambda: registry.layer("tls").client_context(settings.tls))
     if plugin is not None:
-        settings.options = t.options(plugin.upstream_options)
+        settings.options = t.options(plugin.upstream_options, protocol_name or "")
     t.finish(f"see the {protocol_name!r} protocol's upstream options" if plugin else "")
     if None in (name, protocol_name, settings.connect) or plugin is None:
         return None
