@@ -14,6 +14,8 @@ import trio
 
 from . import __version__
 from .config import Config, ConfigError, default_config, load
+from .errors import first_leaf
+from .plugin import PluginError
 from .registry import default_registry
 
 if TYPE_CHECKING:
@@ -46,15 +48,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         trio.run(_run, config)
     except BaseExceptionGroup as eg:
-        bind_errors, rest = eg.split(OSError)
-        if bind_errors is None or rest is not None:
+        start_errors, rest = eg.split((OSError, PluginError))
+        if start_errors is None or rest is not None:
             raise
-        first: BaseException = bind_errors
-        while isinstance(first, BaseExceptionGroup):
-            first = first.exceptions[0]
-        log.error("cannot start: %s", first)
+        log.error("cannot start: %s", first_leaf(start_errors))
         return 1
-    except OSError as e:
+    except (OSError, PluginError) as e:
         log.error("cannot start: %s", e)
         return 1
     return 0

@@ -8,7 +8,7 @@ not allow in the current state (a bug, or a misused API).
 
 from __future__ import annotations
 
-__all__ = ["LocalProtocolError", "ProtocolError", "RemoteProtocolError"]
+__all__ = ["LocalProtocolError", "ProtocolError", "RemoteProtocolError", "first_leaf"]
 
 
 class ProtocolError(Exception):
@@ -21,3 +21,10 @@ class LocalProtocolError(ProtocolError):
 
 class RemoteProtocolError(ProtocolError):
     """The peer broke the protocol."""
+
+
+def first_leaf(error: BaseException) -> BaseException:
+    """The first leaf exception of a (possibly nested) group, for a one-line log."""
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error

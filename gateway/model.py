@@ -53,6 +53,8 @@ class Source:
     identity: PeerIdentity | None = None
     #: Wall-clock receive time, seconds since the epoch.
     received_at: float = 0.0
+    #: The upstream it came from, for messages a client role received (``listener`` is "").
+    upstream: str = ""
 
 
 _NO_HEADERS: Mapping[str, str] = MappingProxyType({})

@@ -1,11 +1,17 @@
 """What a protocol plugin implements, and what the runtime hands it.
 
-A protocol registers an instance of :class:`ProtocolPlugin` in the
-``interchange.protocols`` entry-point group. The runtime accepts connections
-(TCP, TLS, unix) and calls :meth:`ProtocolPlugin.serve` once per connection
-with a :class:`ServerConnection`; for each configured upstream it calls
+A protocol registers its :class:`ProtocolPlugin` subclass in the
+``interchange.protocols`` entry-point group. Each gateway makes its own
+instance (two gateways in one process share nothing) and, before it binds
+anything, awaits :meth:`ProtocolPlugin.setup` with a :class:`PluginEnv`: the
+place to build connection pools, caches and background tasks, torn down by
+:meth:`ProtocolPlugin.teardown` after the drain. The runtime then accepts
+connections and calls :meth:`ProtocolPlugin.serve` once per connection with a
+:class:`ServerConnection`; for each configured upstream it calls
 :meth:`ProtocolPlugin.run_upstream` once with an :class:`UpstreamContext`,
-which it expects to run (reconnecting as needed) until cancelled.
+which it expects to run (reconnecting as needed) until cancelled. Every
+upstream is also an :class:`Upstream` endpoint that listeners of the same
+protocol can connect to directly (a transparent proxy's pool).
 """
 
 from __future__ import annotations
@@ -13,31 +19,35 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import trio
 
 from .destination import Subscription
-from .errors import ProtocolError
-from .hub import Hub
+from .errors import ProtocolError, first_leaf
+from .facade import HubFacade
 from .metrics import Metrics
 from .model import PeerIdentity, Source
+from .options import Option
 from .routing import UPSTREAM_PREFIX
 
 __all__ = [
     "Backoff",
     "ConnectionInfo",
     "Option",
+    "PluginEnv",
+    "PluginError",
     "ProtocolPlugin",
     "Role",
     "ServerConnection",
+    "Upstream",
     "UpstreamContext",
 ]
 
 Role = Literal["server", "client"]
-OptionKind = Literal["str", "int", "float", "bool", "duration", "size", "str_list"]
 
 
 class PrefixLogger(logging.LoggerAdapter):
@@ -51,23 +61,13 @@ class PrefixLogger(logging.LoggerAdapter):
         return f"[{self.prefix}] {msg}", kwargs
 
 
-@dataclass(frozen=True, slots=True)
-class Option:
-    """A protocol-specific config key of a listener or an upstream."""
-
-    kind: OptionKind
-    default: Any
-    help: str
-    #: For ``int``/``float``/``size``/``duration``: the smallest value accepted.
-    minimum: float | None = None
-    #: For ``int``/``float``/``size``/``duration``: the largest value accepted.
-    maximum: float | None = None
-    #: For ``str``: the only values accepted.
-    choices: tuple[str, ...] = ()
-
-
 class ProtocolPlugin(ABC):
-    """A wire protocol: its codec driven over a stream, in one or both roles."""
+    """A wire protocol: its codec driven over a stream, in one or both roles.
+
+    Each gateway creates its own instance, with no arguments, for every
+    protocol its configuration uses; state kept on ``self`` (pools, caches)
+    belongs to that gateway alone.
+    """
 
     #: The ``protocol = "…"`` name in config.
     name: ClassVar[str]
@@ -80,17 +80,38 @@ class ProtocolPlugin(ABC):
     listener_options: ClassVar[Mapping[str, Option]] = {}
     upstream_options: ClassVar[Mapping[str, Option]] = {}
 
-    def default_listener(self) -> dict[str, Any]:
+    @classmethod
+    def default_listener(cls) -> dict[str, Any]:
         """Extra keys for this protocol's listener in the embedded default config."""
         return {}
+
+    async def setup(self, env: PluginEnv) -> None:  # noqa: B027 (optional hook)
+        """Prepare this gateway's instance before any listener binds (optional).
+
+        Start background tasks in ``env.nursery``; they are cancelled after
+        :meth:`teardown`. An exception here stops the gateway from starting,
+        with the plugin named.
+        """
+
+    async def teardown(self) -> None:  # noqa: B027 (optional hook)
+        """Release what :meth:`setup` built, once listeners and upstreams stopped (optional)."""
 
     async def serve(self, conn: ServerConnection) -> None:
         """Drive one accepted connection until it ends (server role)."""
         raise NotImplementedError(f"protocol {self.name!r} has no server role")
 
     async def run_upstream(self, ctx: UpstreamContext) -> None:
-        """Forward the upstream's destination to its peers until cancelled (client role)."""
+        """Run one configured upstream until cancelled (client role).
+
+        Typically: forward what is routed to ``upstream:NAME`` to the peer
+        (:meth:`UpstreamContext.subscribe`), and/or publish what the peer sends
+        into local destinations (:attr:`UpstreamContext.hub`).
+        """
         raise NotImplementedError(f"protocol {self.name!r} has no client role")
+
+
+class PluginError(Exception):
+    """A plugin failed to set up (or is unusable); the message names it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +151,9 @@ class UpstreamSettings:
     backoff_initial: float = 1.0
     backoff_max: float = 60.0
     tls: Any = None
+    #: Where messages received from the peer are published (client roles that
+    #: subscribe remotely); defaults to the upstream's name.
+    destination: str = ""
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -141,13 +165,15 @@ class ServerConnection:
         stream: trio.abc.Stream,
         info: ConnectionInfo,
         listener: ListenerSettings,
-        hub: Hub,
+        hub: HubFacade,
         shutdown: trio.Event,
         metrics: Metrics | None = None,
+        upstreams: Mapping[str, Upstream] | None = None,
     ) -> None:
         self.stream = stream
         self.info = info
         self.listener = listener
+        #: Publish, call, subscribe, destination info (see :class:`HubFacade`).
         self.hub = hub
         #: The gateway's metrics; a protocol adds its families here, labelled by listener.
         self.metrics = metrics or Metrics()
@@ -161,11 +187,27 @@ class ServerConnection:
         #: (unacked publishes, open subscriptions), so the connection is kept.
         self.pending: Callable[[], bool] = _never
         self.last_activity = trio.current_time()
+        self._upstreams = upstreams or {}
 
     @property
     def options(self) -> dict[str, Any]:
         """The listener's protocol-specific options, validated and defaulted."""
         return self.listener.options
+
+    def upstream(self, name: str) -> Upstream:
+        """The configured upstream ``name`` of this protocol, to connect to directly.
+
+        The seam a transparent proxy uses: frames go to the upstream without
+        the hub. Pool its connections in the plugin (built in
+        :meth:`ProtocolPlugin.setup`), not per client connection.
+        """
+        try:
+            return self._upstreams[name]
+        except KeyError:
+            known = ", ".join(sorted(self._upstreams)) or "none"
+            raise LookupError(
+                f"no {self.info.protocol} upstream named {name!r} (configured: {known})"
+            ) from None
 
     def source(self) -> Source:
         """Source metadata for messages received now on this connection."""
@@ -189,6 +231,9 @@ class ServerConnection:
 
 #: What ends one upstream connection but not the upstream.
 _CONNECTION_LOST = (OSError, trio.BrokenResourceError, trio.TooSlowError, ProtocolError)
+
+#: Opens a stream to one address of an upstream (transport, TLS and all).
+Connector = Callable[[str], Awaitable[tuple[trio.abc.Stream, ConnectionInfo]]]
 
 
 def _never() -> bool:
@@ -215,24 +260,93 @@ class Backoff:
         await trio.sleep(self.next_delay())
 
 
+class Upstream:
+    """A configured upstream as a place to connect to, with failover between its addresses.
+
+    Its protocol's :meth:`~ProtocolPlugin.run_upstream` connects through it,
+    and so can listeners of the same protocol (:meth:`ServerConnection.upstream`,
+    :attr:`PluginEnv.upstreams`), e.g. to proxy frames to it from a pool.
+    """
+
+    def __init__(self, settings: UpstreamSettings, connector: Connector) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self._connector = connector
+        self._next_address = 0
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The upstream's protocol-specific options, validated and defaulted."""
+        return self.settings.options
+
+    async def connect(self) -> tuple[trio.abc.Stream, ConnectionInfo]:
+        """Connect to the next address that answers, trying each once (failover).
+
+        The stream has TLS (and any transport handshake) done; closing it is
+        the caller's job. Raises ``OSError`` when no address answers.
+        """
+        addresses = self.settings.connect
+        errors = []
+        for i in range(len(addresses)):
+            index = (self._next_address + i) % len(addresses)
+            address = addresses[index]
+            try:
+                stream, info = await self._connector(address)
+            except (OSError, trio.TooSlowError, trio.BrokenResourceError) as e:
+                errors.append(f"{address}: {e or type(e).__name__}")
+                continue
+            self._next_address = index
+            return stream, info
+        # Next round starts after the one that failed first, spreading reconnects.
+        self._next_address = (self._next_address + 1) % len(addresses)
+        raise OSError("; ".join(errors) or "no address to connect to")
+
+
+@dataclass(slots=True)
+class PluginEnv:
+    """What a plugin instance gets in :meth:`ProtocolPlugin.setup`."""
+
+    #: The gateway's hub, as protocols see it.
+    hub: HubFacade
+    #: The gateway's metrics.
+    metrics: Metrics
+    #: For background tasks; cancelled after :meth:`ProtocolPlugin.teardown`.
+    nursery: trio.Nursery
+    #: This protocol's listeners in the config.
+    listeners: Sequence[ListenerSettings]
+    #: This protocol's upstreams by name, to connect to (pools, proxies).
+    upstreams: Mapping[str, Upstream]
+    #: Set when the gateway starts draining.
+    shutdown: trio.Event
+    #: The gateway's data directory (``[gateway] data_dir``).
+    data_dir: Path
+    log: logging.Logger | logging.LoggerAdapter[Any]
+
+
 class UpstreamContext:
     """An upstream, as a protocol's ``run_upstream`` sees it.
 
-    Messages routed to ``upstream:NAME`` collect in :attr:`destination` under
-    the group :attr:`group`; the protocol subscribes, sends them to the peer and
-    acks each delivery only once the peer has acknowledged it.
+    Egress: messages routed to ``upstream:NAME`` collect in :attr:`destination`
+    under the group :attr:`group`; the protocol subscribes, sends them to the
+    peer and acks each delivery only once the peer has acknowledged it.
+    Ingress: a protocol whose client role subscribes to something remote
+    publishes what arrives into :attr:`ingress` through :attr:`hub`, with
+    :meth:`source` as its metadata, and acks the peer only once the receipt
+    settles (the same rule as a listener).
     """
 
     group = "upstream"
 
     def __init__(
         self,
-        settings: UpstreamSettings,
-        hub: Hub,
-        connector: Any,
+        upstream: Upstream,
+        hub: HubFacade,
         metrics: Metrics | None = None,
     ) -> None:
+        settings = upstream.settings
         self.settings = settings
+        self.upstream = upstream
+        #: Publish, call, subscribe, destination info (see :class:`HubFacade`).
         self.hub = hub
         #: The gateway's metrics; a protocol adds its families here, labelled by upstream.
         self.metrics = metrics or Metrics()
@@ -242,8 +356,8 @@ class UpstreamContext:
         self._connected = self.metrics.upstream_connected.labels(**labels)
         self.name = settings.name
         self.destination = UPSTREAM_PREFIX + settings.name
-        self._connector = connector
-        self._next_address = 0
+        #: The local destination for messages received from the peer.
+        self.ingress = settings.destination or settings.name
         self.log = PrefixLogger(
             logging.getLogger(f"gateway.upstream.{settings.protocol}"), f"upstream {self.name}"
         )
@@ -254,25 +368,19 @@ class UpstreamContext:
         return self.settings.options
 
     async def connect(self) -> tuple[trio.abc.Stream, ConnectionInfo]:
-        """Connect to the next address that answers, trying each once (failover).
+        """Connect to the next address that answers (see :meth:`Upstream.connect`)."""
+        return await self.upstream.connect()
 
-        Raises ``OSError`` when none does; the caller backs off and retries.
-        """
-        addresses = self.settings.connect
-        errors = []
-        for i in range(len(addresses)):
-            index = (self._next_address + i) % len(addresses)
-            address = addresses[index]
-            try:
-                stream, info = await self._connector(self, address)
-            except (OSError, trio.TooSlowError, trio.BrokenResourceError) as e:
-                errors.append(f"{address}: {e or type(e).__name__}")
-                continue
-            self._next_address = index
-            return stream, info
-        # Next round starts after the one that failed first, spreading reconnects.
-        self._next_address = (self._next_address + 1) % len(addresses)
-        raise OSError("; ".join(errors) or "no address to connect to")
+    def source(self, info: ConnectionInfo) -> Source:
+        """Source metadata for messages received now from the peer on ``info``'s connection."""
+        return Source(
+            protocol=info.protocol,
+            listener="",
+            peer=info.peer,
+            identity=info.identity,
+            received_at=time.time(),
+            upstream=self.name,
+        )
 
     async def run_sessions(
         self, session: Callable[[trio.abc.Stream, ConnectionInfo], Awaitable[None]]
@@ -302,7 +410,7 @@ class UpstreamContext:
                 continue
             except* _CONNECTION_LOST as eg:
                 self._failures.inc()
-                self.log.warning("connection to %s lost: %s", info.peer, eg.exceptions[0])
+                self.log.warning("connection to %s lost: %s", info.peer, first_leaf(eg))
             finally:
                 self._connected.set(0)
             await self.backoff.sleep()

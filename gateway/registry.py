@@ -1,8 +1,10 @@
 """Plugin discovery through entry points.
 
-Protocols register in ``interchange.protocols`` and transports in
-``interchange.transports``; the built-in protocols and the bundled
-plugins register exactly as a third party's package would. A plugin that fails
+Protocols register in ``interchange.protocols`` (the entry point names a
+:class:`~gateway.plugin.ProtocolPlugin` subclass: each gateway makes its own
+instance) and transports in ``interchange.transports``; the built-in
+protocols and the bundled plugins register exactly as a third party's
+package would. A plugin that fails
 to import is reported (by ``gateway plugins`` and by config checks that name
 it) instead of taking the gateway down.
 """
@@ -35,15 +37,21 @@ class Registered:
     error: str | None = None
 
 
-def _load(ep: EntryPoint, expected: tuple[type, ...]) -> Registered:
+def _load(ep: EntryPoint, expected: tuple[type, ...], *, keep_class: bool = False) -> Registered:
+    """Load ``ep``: a class (instantiated unless ``keep_class``) or an instance."""
     dist = ep.dist
     name, version = (dist.name, dist.version) if dist is not None else ("?", "?")
     try:
         obj = ep.load()
-        if isinstance(obj, type):
+        kinds = " or ".join(t.__name__ for t in expected)
+        if keep_class:
+            cls = obj if isinstance(obj, type) else type(obj)
+            if not issubclass(cls, expected):
+                raise TypeError(f"{ep.value} is not a {kinds} subclass")
+            obj = cls
+        elif isinstance(obj, type):
             obj = obj()
-        if not isinstance(obj, expected):
-            kinds = " or ".join(t.__name__ for t in expected)
+        if not keep_class and not isinstance(obj, expected):
             raise TypeError(f"{ep.value} is a {type(obj).__name__}, not a {kinds}")
     except Exception as e:
         return Registered(ep.name, ep.value, name, version, error=f"{type(e).__name__}: {e}")
@@ -60,7 +68,8 @@ class Registry:
     @classmethod
     def discover(cls) -> Registry:
         protocols = {
-            ep.name: _load(ep, (ProtocolPlugin,)) for ep in entry_points(group=PROTOCOLS_GROUP)
+            ep.name: _load(ep, (ProtocolPlugin,), keep_class=True)
+            for ep in entry_points(group=PROTOCOLS_GROUP)
         }
         transports = {
             ep.name: _load(ep, (SocketTransport, StreamLayer))
@@ -68,15 +77,19 @@ class Registry:
         }
         return cls(dict(sorted(protocols.items())), dict(sorted(transports.items())))
 
-    def protocol(self, name: str) -> ProtocolPlugin:
-        """The loaded protocol ``name``; ``LookupError`` says why it is unavailable."""
+    def protocol(self, name: str) -> type[ProtocolPlugin]:
+        """The class of protocol ``name``; ``LookupError`` says why it is unavailable.
+
+        (A registration holding an instance stands for that instance's class:
+        gateways never share a plugin instance.)
+        """
         reg = self.protocols.get(name)
         if reg is None:
             known = ", ".join(n for n, r in self.protocols.items() if r.error is None)
             raise LookupError(f"unknown protocol {name!r} (registered: {known or 'none'})")
         if reg.error is not None:
             raise LookupError(f"protocol {name!r} failed to load: {reg.error}")
-        return reg.plugin
+        return _class_of(reg.plugin)
 
     def socket_transport(self, address: str) -> SocketTransport:
         """The socket transport that claims ``address``; specific schemes before tcp."""
@@ -99,8 +112,12 @@ class Registry:
             raise LookupError(f"transport layer {name!r} is unavailable: {why}")
         return reg.plugin
 
-    def loaded_protocols(self) -> dict[str, ProtocolPlugin]:
-        return {n: r.plugin for n, r in self.protocols.items() if r.error is None}
+    def loaded_protocols(self) -> dict[str, type[ProtocolPlugin]]:
+        return {n: _class_of(r.plugin) for n, r in self.protocols.items() if r.error is None}
+
+
+def _class_of(plugin: Any) -> type[ProtocolPlugin]:
+    return plugin if isinstance(plugin, type) else type(plugin)
 
 
 @functools.cache

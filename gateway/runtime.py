@@ -1,8 +1,10 @@
 """The runtime: listeners, connections and upstreams under one trio nursery.
 
-Life of a gateway: bind every listener, start every upstream, serve; on a
-shutdown request stop accepting, let in-flight publishes settle until the
-drain deadline, then cancel what is left and close the hub. Each listener has
+Life of a gateway: set up its own instance of every protocol plugin the
+config uses, bind every listener, start every upstream, serve; on a shutdown
+request stop accepting, let in-flight publishes settle until the drain
+deadline, cancel what is left, tear the plugins down (in reverse order) and
+close the hub. Each listener has
 its own nursery with one task per connection, and each connection its own
 nursery: an error in one connection is logged with the peer address and
 closes that connection only.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import errno
 import logging
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -20,14 +23,20 @@ from prometheus_client import Counter
 
 from .catalog import Catalog
 from .config import Config
+from .errors import ProtocolError, first_leaf
+from .facade import HubFacade
 from .hub import Hub
 from .metrics import Metrics
 from .metrics_http import serve_metrics
 from .plugin import (
     ConnectionInfo,
     ListenerSettings,
+    PluginEnv,
+    PluginError,
+    PrefixLogger,
     ProtocolPlugin,
     ServerConnection,
+    Upstream,
     UpstreamContext,
     UpstreamSettings,
 )
@@ -106,6 +115,17 @@ class Gateway:
             providers=[self.catalog],
             upstreams=[u.name for u in config.upstreams],
         )
+        #: The hub as protocols see it.
+        self.facade = HubFacade(self.hub)
+        #: This gateway's own instance of every protocol its config uses, by name.
+        self.plugins: dict[str, ProtocolPlugin] = {
+            name: self.registry.protocol(name)()
+            for name in sorted(
+                {ls.protocol for ls in config.listeners} | {up.protocol for up in config.upstreams}
+            )
+        }
+        #: Upstream endpoints by protocol, then name (built when running).
+        self._upstreams: dict[str, dict[str, Upstream]] = {}
         #: Set when draining starts; protocols stop taking new work.
         self.draining = trio.Event()
         self._shutdown_requested = trio.Event()
@@ -134,33 +154,84 @@ class Gateway:
     async def run(
         self, *, task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Bind, serve until :meth:`shutdown`, drain, and return."""
+        """Set plugins up, bind, serve until :meth:`shutdown`, drain, tear down, return."""
         try:
-            async with trio.open_nursery() as work:
-                await work.start(self.hub.run)
+            async with trio.open_nursery() as background:
+                await background.start(self.hub.run)
                 for name in self.catalog.names():
                     self.hub.destination(name)
                 for up in self.config.upstreams:
                     self.hub.destination(f"upstream:{up.name}").declare_group(UpstreamContext.group)
-                    work.start_soon(self._run_upstream, up, name=f"upstream {up.name}")
-                if self.config.metrics_bind is not None:
-                    await work.start(self._serve_metrics, self.config.metrics_bind)
-                for ls in self.config.listeners:
-                    await work.start(self._serve_listener, ls, name=f"listener {ls.name}")
-                log.info(
-                    "serving: %s",
-                    ", ".join(
-                        f"{n} ({s.settings.protocol}) on {' '.join(s.addresses)}"
-                        for n, s in self._listeners.items()
-                    )
-                    or "no listeners",
-                )
-                task_status.started(self)
-                await self._shutdown_requested.wait()
-                await self._drain()
-                work.cancel_scope.cancel()
+                    endpoint = Upstream(up, self._connector(up))
+                    self._upstreams.setdefault(up.protocol, {})[up.name] = endpoint
+                ready = await self._set_up_plugins(background)
+                try:
+                    await self._serve(task_status)
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await self._tear_down(ready)
+                    background.cancel_scope.cancel()
         finally:
             self.hub.close()
+
+    async def _serve(self, task_status: trio.TaskStatus[Gateway]) -> None:
+        async with trio.open_nursery() as work:
+            for up in self.config.upstreams:
+                endpoint = self._upstreams[up.protocol][up.name]
+                work.start_soon(self._run_upstream, endpoint, name=f"upstream {up.name}")
+            if self.config.metrics_bind is not None:
+                await work.start(self._serve_metrics, self.config.metrics_bind)
+            for ls in self.config.listeners:
+                await work.start(self._serve_listener, ls, name=f"listener {ls.name}")
+            log.info(
+                "serving: %s",
+                ", ".join(
+                    f"{n} ({s.settings.protocol}) on {' '.join(s.addresses)}"
+                    for n, s in self._listeners.items()
+                )
+                or "no listeners",
+            )
+            task_status.started(self)
+            await self._shutdown_requested.wait()
+            await self._drain()
+            work.cancel_scope.cancel()
+
+    # -- plugins -------------------------------------------------------------------
+    async def _set_up_plugins(self, nursery: trio.Nursery) -> list[str]:
+        """Await every plugin's ``setup`` in name order; on a failure undo and raise."""
+        ready: list[str] = []
+        for name, plugin in self.plugins.items():
+            env = PluginEnv(
+                hub=self.facade,
+                metrics=self.metrics,
+                nursery=nursery,
+                listeners=[ls for ls in self.config.listeners if ls.protocol == name],
+                upstreams=dict(self._upstreams.get(name, {})),
+                shutdown=self.draining,
+                data_dir=self.config.gateway.data_dir,
+                log=PrefixLogger(logging.getLogger(f"gateway.plugin.{name}"), f"plugin {name}"),
+            )
+            try:
+                await plugin.setup(env)
+            except Exception as e:
+                with trio.CancelScope(shield=True):
+                    await self._tear_down(ready)
+                raise PluginError(
+                    f"protocol plugin {name!r} failed to set up: {type(e).__name__}: {e}"
+                ) from e
+            ready.append(name)
+        return ready
+
+    async def _tear_down(self, names: list[str]) -> None:
+        """Await ``teardown`` of ``names`` in reverse order; a failure is logged, not fatal."""
+        for name in reversed(names):
+            try:
+                with trio.move_on_after(self.config.gateway.drain_timeout) as scope:
+                    await self.plugins[name].teardown()
+                if scope.cancelled_caught:
+                    log.error("protocol plugin %r: teardown timed out", name)
+            except Exception:
+                log.exception("protocol plugin %r: teardown failed", name)
 
     async def _drain(self) -> None:
         log.info("shutting down: no new connections; draining in-flight work")
@@ -204,7 +275,7 @@ class Gateway:
     async def _serve_listener(
         self, ls: ListenerSettings, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        plugin = self.registry.protocol(ls.protocol)
+        plugin = self.plugins[ls.protocol]
         transport = self.registry.socket_transport(ls.bind)
         tls_context = self.registry.layer("tls").server_context(ls.tls) if ls.tls else None
         state = _ListenerState(ls, plugin, transport, tls_context)
@@ -275,10 +346,14 @@ class Gateway:
             try:
                 identity = None
                 if state.tls_context is not None:
-                    with trio.fail_after(ls.handshake_timeout):
+                    with trio.move_on_after(ls.handshake_timeout) as handshake:
                         stream, identity = await self.registry.layer("tls").wrap_server(
                             stream, state.tls_context
                         )
+                    if handshake.cancelled_caught:
+                        errors.inc()
+                        plog.warning("[%s %s] TLS handshake timed out; closing", ls.name, peer)
+                        return
                 info = ConnectionInfo(
                     protocol=ls.protocol,
                     endpoint=ls.name,
@@ -292,22 +367,33 @@ class Gateway:
                     self.metrics.bytes_received.labels(listener=ls.name),
                     self.metrics.bytes_sent.labels(listener=ls.name),
                 )
-                conn = ServerConnection(tracked, info, ls, self.hub, self.draining, self.metrics)
+                conn = ServerConnection(
+                    tracked,
+                    info,
+                    ls,
+                    self.facade,
+                    self.draining,
+                    self.metrics,
+                    self._upstreams.get(ls.protocol),
+                )
                 tracked.conn = conn
                 async with trio.open_nursery() as nursery:
                     if ls.idle_timeout > 0:
                         nursery.start_soon(_idle_watchdog, conn, nursery.cancel_scope)
                     await state.plugin.serve(conn)
                     nursery.cancel_scope.cancel()
-            except* trio.TooSlowError:
+            except* ProtocolError as eg:
                 errors.inc()
-                plog.warning("[%s %s] TLS handshake timed out; closing", ls.name, peer)
+                plog.warning("[%s %s] protocol error: %s; closing", ls.name, peer, first_leaf(eg))
+            except* trio.TooSlowError as eg:
+                errors.inc()
+                plog.warning("[%s %s] timed out: %s; closing", ls.name, peer, first_leaf(eg))
             except* _LOST as eg:
-                plog.info("[%s %s] connection lost: %s", ls.name, peer, _first(eg))
+                plog.info("[%s %s] connection lost: %s", ls.name, peer, first_leaf(eg))
             except* Exception as eg:
                 errors.inc()
                 plog.error(
-                    "[%s %s] connection failed; closing it", ls.name, peer, exc_info=_first(eg)
+                    "[%s %s] connection failed; closing it", ls.name, peer, exc_info=first_leaf(eg)
                 )
         finally:
             open_gauge.dec()
@@ -316,13 +402,13 @@ class Gateway:
             await trio.aclose_forcefully(stream)
 
     # -- upstreams -----------------------------------------------------------------
-    async def _run_upstream(self, up: UpstreamSettings) -> None:
-        plugin = self.registry.protocol(up.protocol)
+    def _connector(
+        self, up: UpstreamSettings
+    ) -> Callable[[str], Awaitable[tuple[trio.abc.Stream, ConnectionInfo]]]:
+        """How ``up`` opens a connection to one of its addresses: transport, then TLS."""
         tls_context = self.registry.layer("tls").client_context(up.tls) if up.tls else None
 
-        async def connector(
-            ctx: UpstreamContext, address: str
-        ) -> tuple[trio.abc.Stream, ConnectionInfo]:
+        async def connect(address: str) -> tuple[trio.abc.Stream, ConnectionInfo]:
             transport = self.registry.socket_transport(address)
             with trio.fail_after(up.connect_timeout):
                 stream = await transport.connect(address)
@@ -344,13 +430,17 @@ class Gateway:
                 tls=tls_context is not None,
             )
 
-        ctx = UpstreamContext(up, self.hub, connector, self.metrics)
+        return connect
+
+    async def _run_upstream(self, upstream: Upstream) -> None:
+        plugin = self.plugins[upstream.settings.protocol]
+        ctx = UpstreamContext(upstream, self.facade, self.metrics)
         while True:
             try:
                 await plugin.run_upstream(ctx)
                 ctx.log.warning("upstream stopped by its protocol; restarting")
             except* Exception as eg:
-                ctx.log.error("upstream failed; restarting after backoff", exc_info=_first(eg))
+                ctx.log.error("upstream failed; restarting after backoff", exc_info=first_leaf(eg))
             await ctx.backoff.sleep()
 
 
@@ -366,14 +456,6 @@ async def _idle_watchdog(conn: ServerConnection, scope: trio.CancelScope) -> Non
                 return
             deadline = now + timeout
         await trio.sleep_until(deadline)
-
-
-def _first(eg: BaseExceptionGroup) -> BaseException:
-    """The first leaf exception of a group, for a one-line log."""
-    exc: BaseException = eg
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
 
 
 def _server_name(up: UpstreamSettings, address: str) -> str | None:

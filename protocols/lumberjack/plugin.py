@@ -29,7 +29,7 @@ from .mapping import beats_metadata, enrichment, to_messages
 from .metrics import ClientMetrics, ServerMetrics
 from .server import ServerSettings, serve_connection
 
-__all__ = ["LumberjackPlugin", "plugin"]
+__all__ = ["LumberjackPlugin"]
 
 _DEFAULT_LIMITS = Limits()
 
@@ -83,7 +83,8 @@ class LumberjackPlugin(ProtocolPlugin):
         "metadata_type": Option("str", "_doc", "@metadata.type added with it"),
     }
 
-    def default_listener(self) -> dict[str, Any]:
+    @classmethod
+    def default_listener(cls) -> dict[str, Any]:
         return {"destination": "logs"}
 
     async def serve(self, conn: ServerConnection) -> None:
@@ -230,6 +231,3 @@ def _version() -> str:
     except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a bare tree
         return "0"
 
-
-#: The object the entry point names.
-plugin = LumberjackPlugin()

@@ -712,12 +712,13 @@ async def test_a_connection_that_still_owes_its_sender_an_ack_is_not_idle() -> N
     with the consumer's ack), the sender never gets the ack of a delivered
     window and sends it again.
     """
-    plugin = _CapturingPlugin()
     registry = Registry(
-        {"lumberjack": Registered("lumberjack", "tests", "tests", "0", plugin=plugin)},
+        {"lumberjack": Registered("lumberjack", "tests", "tests", "0", plugin=_CapturingPlugin)},
         default_registry().transports,
     )
     async with running_gateway(config(), registry=registry) as gw:
+        plugin = gw.plugins["lumberjack"]  # this gateway's own instance
+        assert isinstance(plugin, _CapturingPlugin)
         sub = gw.hub.subscribe("logs")
         stream = await connect(gw)
         await stream.send_all(w(1) + j(1, event(1)))

@@ -59,7 +59,7 @@ from .events import (
     Unsubscribe,
 )
 
-__all__ = ["NdjsonPlugin", "plugin"]
+__all__ = ["NdjsonPlugin"]
 
 RECEIVE_SIZE = 65536
 #: Reply codes ndjson carries (gRPC's numbering); others become UNKNOWN (2).
@@ -466,7 +466,8 @@ class NdjsonPlugin(ProtocolPlugin):
         ),
     }
 
-    def default_listener(self) -> dict[str, Any]:
+    @classmethod
+    def default_listener(cls) -> dict[str, Any]:
         return {"destination": "logs"}
 
     async def serve(self, conn: ServerConnection) -> None:
@@ -478,6 +479,3 @@ class NdjsonPlugin(ProtocolPlugin):
 
         await ctx.run_sessions(session)
 
-
-#: The object the entry point names.
-plugin = NdjsonPlugin()
