@@ -1,0 +1,359 @@
+"""The driver skeleton: one connection run by a sans-IO codec, in either role.
+
+Every protocol's trio layer is a :class:`Session` subclass that says what to
+do with each event (:meth:`Session.handle`); the skeleton does the rest once:
+
+* **one reader task**: ``receive_some``, feed the codec, handle *every* event
+  the bytes hold, then read again. It stops reading while :attr:`answers` is
+  full (backpressure reaches the socket) and while :meth:`handle` waits (the
+  hub is full);
+* **one writer task**: everything sent goes through one output buffer that a
+  single task writes, each write bounded by ``write_timeout``; producers that
+  must not outrun the peer (subscription pumps, client windows) wait in
+  :meth:`write_when_room` above ``high_water`` bytes;
+* **answers when receipts settle**: :meth:`submit` hands work to the hub and
+  queues its answer in :attr:`answers`, in order or as each settles, with
+  optional keepalive frames while the oldest answer waits;
+* **deadlines**: a unit (frame, window) that has started must finish within
+  ``unit_timeout``, however slowly it trickles, not counting time the reader
+  spent paused by our own backpressure; a protocol sets its own read deadline
+  (:meth:`set_deadline`) for "the peer owes us an answer";
+* **end of input, shutdown and errors**: when the peer closes, what is owed
+  is still answered before the session returns; when ``shutdown`` is set the
+  session takes no new work (:meth:`draining`), stops reading unless
+  :attr:`read_while_draining`, and returns once nothing is owed; when the peer
+  breaks the protocol the protocol's error reply (:meth:`error_reply`) is
+  flushed and the error raised, with nothing more answered;
+* :meth:`pending` says whether work is outstanding, for the idle timeout.
+
+Errors leave :meth:`run` (inside an ``ExceptionGroup``): ``RemoteProtocolError``,
+``trio.TooSlowError`` for a deadline, the stream's own errors. The caller
+decides how to log them and closes the stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import trio
+
+from gateway.errors import RemoteProtocolError
+from gateway.receipts import Receipt
+
+from .answers import AnswerFn, Answers
+from .events import NEED_DATA, ConnectionClosed
+
+__all__ = ["Codec", "Session"]
+
+#: Bytes asked of the stream per read.
+RECEIVE_SIZE = 65536
+#: Unsent output above which :meth:`Session.write_when_room` waits.
+HIGH_WATER = 1024 * 1024
+
+
+class Codec(Protocol):
+    """What the skeleton needs of a sans-IO codec."""
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None: ...
+
+    def next_event(self) -> Any: ...
+
+
+class Session:
+    """One connection: a reader, a writer, and what is owed to the peer."""
+
+    #: Keep reading after ``shutdown`` is set (the peer still sends acks for our
+    #: deliveries); False stops reading at once.
+    read_while_draining = False
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        codec: Codec,
+        *,
+        log: logging.Logger | logging.LoggerAdapter[Any],
+        shutdown: trio.Event | None = None,
+        max_answers: int = 1000,
+        ordered: bool = True,
+        keepalive: float = 0.0,
+        unit_timeout: float = 0.0,
+        write_timeout: float = 30.0,
+        high_water: int = HIGH_WATER,
+        receive_size: int = RECEIVE_SIZE,
+    ) -> None:
+        self.stream = stream
+        self.codec = codec
+        self.log = log
+        self.shutdown = shutdown
+        #: Seconds between keepalives while the oldest ordered answer waits (0: none).
+        self.keepalive = keepalive
+        #: Seconds a started unit (see :meth:`partial`) may take to arrive (0: no limit).
+        self.unit_timeout = unit_timeout
+        self.write_timeout = write_timeout
+        self.high_water = high_water
+        self.receive_size = receive_size
+        self.answers = Answers(max_answers, ordered=ordered, wake=self._wake_writer)
+        #: The session's nursery, for the protocol's own tasks (pumps, send loops).
+        self.nursery: trio.Nursery
+        self._out = bytearray()
+        self._sending = False
+        self._failed = False
+        self._writer_idle = trio.lowlevel.ParkingLot()
+        self._room = trio.lowlevel.ParkingLot()
+        #: Woken whenever something owed may have been paid: answers written, output
+        #: flushed, :meth:`progress` called.
+        self._progress = trio.lowlevel.ParkingLot()
+        self._last_write = trio.current_time()
+        self._reading = trio.CancelScope()
+        self._read_scope: trio.CancelScope | None = None
+        self._deadline = math.inf
+        self._deadline_reason = ""
+        self._unit_deadline = False
+
+    # -- what a protocol overrides ----------------------------------------------------
+    async def handle(self, event: Any) -> None:
+        """Act on one event from the codec (not ``NEED_DATA`` or ``ConnectionClosed``)."""
+        raise NotImplementedError
+
+    def started(self) -> None:
+        """The writer runs: start the protocol's own tasks in :attr:`nursery`."""
+
+    def partial(self) -> bool:
+        """Whether a unit (frame, window) is partly received (``unit_timeout`` runs)."""
+        return False
+
+    def received(self) -> None:
+        """Every event of one read was handled (a place for per-read bookkeeping)."""
+
+    def end_of_input(self) -> None:
+        """The peer closed its side; raise if that is an error in this role."""
+
+    def draining(self) -> None:
+        """``shutdown`` was set: take no new work from now on."""
+
+    def busy(self) -> bool:
+        """Work outside :attr:`answers` that a drain waits for (unacked deliveries)."""
+        return False
+
+    def error_reply(self, error: RemoteProtocolError) -> bytes | None:
+        """The protocol's error frame for ``error``, sent before closing (None: none)."""
+        return None
+
+    # -- what a protocol calls ------------------------------------------------------------
+    def write(self, data: bytes | bytearray) -> None:
+        """Queue ``data`` for the writer (never waits: for answers and small frames)."""
+        self._out += data
+        self._wake_writer()
+
+    async def write_when_room(self, data: bytes | bytearray) -> None:
+        """Queue ``data`` once unsent output is under ``high_water`` (for producers)."""
+        while len(self._out) > self.high_water:
+            await self._room.park()
+        self.write(data)
+
+    async def submit(
+        self,
+        send: Callable[[], Awaitable[Receipt]],
+        answer: AnswerFn,
+        keepalive: Callable[[], bytes] | None = None,
+    ) -> None:
+        """Hand work off with ``send()`` and answer it with ``answer(receipt)`` once settled.
+
+        Waits while :attr:`answers` is full. The answer is owed from before the
+        hand-off, so keepalives flow while ``send`` waits for room in the hub.
+        """
+        answers = self.answers
+        while answers.full:
+            await self._progress.park()
+        entry = answers.open(answer, keepalive)
+        if len(answers) == 1:
+            # Keepalives are due ``keepalive`` after the oldest answer started waiting.
+            self._last_write = trio.current_time()
+            self._wake_writer()
+        try:
+            receipt = await send()
+        except BaseException:
+            answers.cancel(entry)
+            raise
+        answers.attach(entry, receipt)
+
+    def progress(self) -> None:
+        """Something :meth:`busy` counts was paid (a delivery acked): re-check drains."""
+        if self._progress:
+            self._progress.unpark_all()
+
+    def set_deadline(self, deadline: float, reason: str) -> None:
+        """Fail reading with ``trio.TooSlowError(reason)`` if no data arrives by ``deadline``."""
+        self._deadline = deadline
+        self._deadline_reason = reason
+        self._unit_deadline = False
+        if self._read_scope is not None:
+            self._read_scope.deadline = deadline
+
+    def clear_deadline(self) -> None:
+        self.set_deadline(math.inf, "")
+
+    def stop(self) -> None:
+        """Stop reading; :meth:`run` returns once every answer owed is written."""
+        self._reading.cancel()
+
+    def pending(self) -> bool:
+        """Whether anything is owed or unsent (the idle timeout keeps the connection)."""
+        return bool(len(self.answers) or self._out or self._sending or self.busy())
+
+    async def flush(self) -> None:
+        """Wait until everything queued so far is written."""
+        while self._out or self._sending:
+            await self._progress.park()
+
+    # -- the skeleton ------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Serve the connection until the input ends and what is owed is answered."""
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            nursery.start_soon(self._write_loop)
+            if self.shutdown is not None:
+                nursery.start_soon(self._watch_shutdown)
+            self.started()
+            with self._reading:
+                try:
+                    await self._read_loop()
+                except RemoteProtocolError as e:
+                    await self._fail(e)
+                    raise
+            await self._until(self._answered)
+            nursery.cancel_scope.cancel()
+
+    async def _read_loop(self) -> None:
+        codec = self.codec
+        stream = self.stream
+        handle = self.handle
+        answers = self.answers
+        while True:
+            if answers.full:
+                await self._pause()
+            scope = self._read_scope = trio.CancelScope(deadline=self._deadline)
+            with scope:
+                data = await stream.receive_some(self.receive_size)
+            self._read_scope = None
+            if scope.cancelled_caught:
+                raise trio.TooSlowError(self._deadline_reason)
+            codec.receive_data(data)
+            unit_done = False
+            while True:
+                event = codec.next_event()
+                if event is NEED_DATA:
+                    break
+                if isinstance(event, ConnectionClosed):
+                    self.end_of_input()
+                    return
+                await handle(event)
+                unit_done = True
+            if not data:  # a codec that says nothing more after the end of input
+                self.end_of_input()
+                return
+            self.received()
+            if self.unit_timeout:
+                self._arm_unit_deadline(unit_done)
+
+    def _arm_unit_deadline(self, unit_done: bool) -> None:
+        """A unit must finish ``unit_timeout`` after it started, not after its last byte."""
+        if unit_done and self._unit_deadline:
+            # The unit the deadline was for arrived; one still partial started in this read.
+            self.clear_deadline()
+        if self.partial():
+            if self._deadline == math.inf:
+                timeout = self.unit_timeout
+                self.set_deadline(
+                    trio.current_time() + timeout,
+                    f"a unit that started arriving did not finish within {timeout:g}s",
+                )
+                self._unit_deadline = True
+        elif self._unit_deadline:
+            self.clear_deadline()
+
+    async def _pause(self) -> None:
+        """Wait for room among the answers; the pause does not count against the peer."""
+        paused = trio.current_time()
+        while self.answers.full:
+            await self._progress.park()
+        if self._deadline != math.inf:
+            self._deadline += trio.current_time() - paused
+
+    async def _fail(self, error: RemoteProtocolError) -> None:
+        """Nothing more is answered; the error reply (if any) goes out, then we close."""
+        self._failed = True
+        reply = self.error_reply(error)
+        if reply:
+            self.write(reply)
+            with trio.move_on_after(self.write_timeout):
+                await self.flush()
+
+    async def _watch_shutdown(self) -> None:
+        assert self.shutdown is not None
+        await self.shutdown.wait()
+        self.draining()
+        if not self.read_while_draining:
+            self._reading.cancel()
+            return
+        await self._until(self._drained)
+        self.nursery.cancel_scope.cancel()
+
+    def _answered(self) -> bool:
+        return not (len(self.answers) or self._out or self._sending)
+
+    def _drained(self) -> bool:
+        return self._answered() and not self.busy()
+
+    async def _until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            await self._progress.park()
+
+    def _wake_writer(self) -> None:
+        if self._writer_idle:
+            self._writer_idle.unpark_all()
+
+    async def _write_loop(self) -> None:
+        answers = self.answers
+        stream = self.stream
+        while True:
+            if answers.has_ready and not self._failed:
+                for answer, receipt in answers.ready():
+                    frame = answer(receipt)
+                    if frame:
+                        self._out += frame
+                if self._progress:
+                    self._progress.unpark_all()
+            if not self._out:
+                if self._progress:
+                    self._progress.unpark_all()
+                await self._idle()
+                continue
+            data, self._out = self._out, bytearray()
+            if self._room:
+                self._room.unpark_all()
+            self._sending = True
+            try:
+                with trio.fail_after(self.write_timeout):
+                    await stream.send_all(data)
+            except trio.TooSlowError:
+                raise trio.TooSlowError(
+                    f"the peer did not read {len(data)} bytes within {self.write_timeout:g}s"
+                ) from None
+            finally:
+                self._sending = False
+            self._last_write = trio.current_time()
+
+    async def _idle(self) -> None:
+        """Wait for output or a settled answer; send a keepalive when one is due."""
+        waiting = self.answers.waiting if self.keepalive else None
+        if waiting is None or waiting.keepalive is None:
+            await self._writer_idle.park()
+            return
+        with trio.move_on_at(self._last_write + self.keepalive) as scope:
+            await self._writer_idle.park()
+        if scope.cancelled_caught and self.answers.waiting is waiting:
+            self._out += waiting.keepalive()
