@@ -9,15 +9,36 @@
 * :mod:`.session`: :class:`Session`, the driver skeleton (reader, writer,
   answers, deadlines, drain) that a protocol's trio layer subclasses.
 
-The first three import no I/O library.
+The first two import no I/O library, and neither does importing this
+package: :mod:`.answers` and :mod:`.session` (which need trio) are imported
+when one of their names is first used, so a sans-IO codec can import the
+vocabulary from here.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from gateway.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 
-from .answers import Answer, AnswerFn, Answers
 from .buffer import ReceiveBuffer
 from .events import NEED_DATA, ConnectionClosed, NeedData
-from .session import Codec, Session
+
+if TYPE_CHECKING:
+    from .answers import Answer, AnswerFn, Answers
+    from .session import Codec, Session
+
+#: Names whose modules import trio: loaded on first use (PEP 562).
+_LAZY = dict.fromkeys(("Answer", "AnswerFn", "Answers"), "answers") | dict.fromkeys(
+    ("Codec", "Session"), "session"
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "NEED_DATA",

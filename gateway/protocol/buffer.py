@@ -17,7 +17,7 @@ __all__ = ["ReceiveBuffer"]
 class ReceiveBuffer:
     """Bytes received and not yet parsed, plus whether the peer closed its side."""
 
-    __slots__ = ("data", "discarding", "eof", "pos", "searched")
+    __slots__ = ("_sep", "data", "discarding", "eof", "pos", "searched")
 
     def __init__(self) -> None:
         self.data = bytearray()
@@ -25,8 +25,9 @@ class ReceiveBuffer:
         self.pos = 0
         #: True once the peer closed its side (``feed(b"")``).
         self.eof = False
-        #: :meth:`find` has searched ``data[pos:searched]`` already.
+        #: :meth:`find` has searched ``data[pos:searched]`` already (for ``_sep``).
         self.searched = 0
+        self._sep = b""
         #: After :meth:`discard`: received bytes are dropped, never parsed.
         self.discarding = False
 
@@ -59,6 +60,9 @@ class ReceiveBuffer:
         is scanned once, not once per piece.
         """
         data = self.data
+        if sep != self._sep:  # the mark is only good for the separator it was made for
+            self._sep = sep
+            self.searched = 0
         start = self.searched if self.searched > self.pos else self.pos
         found = data.find(sep, start)
         if found < 0:

@@ -92,6 +92,7 @@ class Session:
         self.keepalive = keepalive
         #: Seconds a started unit (see :meth:`partial`) may take to arrive (0: no limit).
         self.unit_timeout = unit_timeout
+        #: Seconds one write may take (0: no limit).
         self.write_timeout = write_timeout
         self.high_water = high_water
         self.receive_size = receive_size
@@ -222,7 +223,12 @@ class Session:
                 try:
                     await self._read_loop()
                 except RemoteProtocolError as e:
-                    await self._fail(e)
+                    try:
+                        await self._fail(e)
+                    except trio.Cancelled:
+                        # stop() or a drain ended reading while the error reply was
+                        # flushed: the error must still leave (nothing owed is answered).
+                        pass
                     raise
             await self._until(self._answered)
             nursery.cancel_scope.cancel()
@@ -232,6 +238,7 @@ class Session:
         stream = self.stream
         handle = self.handle
         answers = self.answers
+        reading = self._reading
         while True:
             if answers.full:
                 await self._pause()
@@ -251,6 +258,8 @@ class Session:
                     self.end_of_input()
                     return
                 await handle(event)
+                if reading.cancel_called:  # stop() from handle: later events are not taken
+                    return
                 unit_done = True
             if not data:  # a codec that says nothing more after the end of input
                 self.end_of_input()
@@ -280,7 +289,7 @@ class Session:
         paused = trio.current_time()
         while self.answers.full:
             await self._progress.park()
-        if self._deadline != math.inf:
+        if self._unit_deadline:  # a protocol's own deadline is about the peer: it stands
             self._deadline += trio.current_time() - paused
 
     async def _fail(self, error: RemoteProtocolError) -> None:
@@ -337,9 +346,13 @@ class Session:
                 self._room.unpark_all()
             self._sending = True
             try:
-                with trio.fail_after(self.write_timeout):
+                with trio.fail_after(self.write_timeout or math.inf):
                     await stream.send_all(data)
             except trio.TooSlowError:
+                if self._failed:
+                    # The peer broke the protocol and does not read our error reply:
+                    # what run() raises is the protocol error, not this timeout.
+                    return
                 raise trio.TooSlowError(
                     f"the peer did not read {len(data)} bytes within {self.write_timeout:g}s"
                 ) from None
