@@ -16,7 +16,8 @@ from . import __version__
 from .config import Config, ConfigError, default_config, load
 from .errors import first_leaf
 from .plugin import PluginError
-from .registry import default_registry
+from .registry import Registry, default_registry
+from .transports.base import StreamLayer, Transport
 
 if TYPE_CHECKING:
     from .runtime import Gateway
@@ -113,8 +114,25 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         if reg.error:
             print(f"  {name:<12} BROKEN  {reg.distribution} {reg.version}: {reg.error}")
             continue
-        print(f"  {name:<12} {reg.plugin.kind:<14} {reg.distribution} {reg.version}")
+        print(
+            f"  {name:<12} {reg.plugin.kind:<14} {reg.distribution} {reg.version}"
+            + _transport_detail(registry, reg.plugin)
+        )
     return 0
+
+
+def _transport_detail(registry: Registry, plugin: Transport | StreamLayer) -> str:
+    """``  schemes ws, wss`` for a transport; ``  role tls`` (and who wins it) for a layer."""
+    if isinstance(plugin, StreamLayer):
+        try:
+            active = registry.layer_for(plugin.role)
+        except LookupError as e:
+            return f"  role {plugin.role} (unusable: {e})"
+        replaced = "" if active is plugin else f" (replaced by {active.name})"
+        return f"  role {plugin.role}{replaced}"
+    if plugin.fallback:
+        return "  host:port" + "".join(f", {scheme}:" for scheme in plugin.schemes)
+    return "  schemes " + (", ".join(plugin.schemes) or "-")
 
 
 def cmd_certs_init(args: argparse.Namespace) -> int:

@@ -382,7 +382,7 @@ def parse(
     metrics_bind = None
     metrics = root.table("metrics")
     if metrics is not None and metrics.ok:
-        metrics_bind = metrics.get("bind", "str", check=_check_address(registry))
+        metrics_bind = metrics.get("bind", "str", check=_check_address(registry, plain=True))
         metrics.finish()
         if metrics_bind is not None and not _any_port(metrics_bind):
             for i, ls in indexed_listeners:
@@ -497,13 +497,20 @@ def _unique(errors: _Errors, table: str, values: list[tuple[int, str]], key: str
         seen.add(v)
 
 
-def _check_address(registry: Registry) -> Callable[[str], None]:
+def _check_address(registry: Registry, *, plain: bool = False) -> Callable[[str], None]:
+    """Check an address with the transport that claims it (``plain``: one without a handshake)."""
+
     def check(address: str) -> None:
         try:
-            transport = registry.socket_transport(address)
+            transport = registry.transport_for(address)
         except LookupError as e:
             raise ValueError(str(e)) from None
         transport.check_address(address)
+        if plain and transport.handshakes:
+            raise ValueError(
+                f"the {transport.name} transport has a handshake of its own, and the "
+                "metrics endpoint is plain HTTP (use host:port or unix:)"
+            )
 
     return check
 
@@ -555,7 +562,7 @@ def _listener(t: _Table, base: Path, registry: Registry) -> ListenerSettings | N
             t.errors.add(tls.key("client_ca"), f"is required when client_auth = {client_auth!r}")
         elif cert is not None and key is not None:
             settings.tls = TlsServerSettings(cert, key, client_ca, client_auth, min_version)
-            _try_tls(t, tls.path, lambda: registry.layer("tls").server_context(settings.tls))
+            _try_tls(t, tls.path, lambda: registry.layer_for("tls").server_context(settings.tls))
     if plugin is not None:
         settings.options = t.options(plugin.listener_options, protocol_name or "")
     t.finish(f"see the {protocol_name!r} protocol's listener options" if plugin else "")
@@ -598,7 +605,7 @@ def _upstream(t: _Table, base: Path, registry: Registry) -> UpstreamSettings | N
             min_version=tls.get("min_version", "str", "1.2", choices=("1.2", "1.3")),
         )
         tls.finish()
-        _try_tls(t, tls.path, lambda: registry.layer("tls").client_context(settings.tls))
+        _try_tls(t, tls.path, lambda: registry.layer_for("tls").client_context(settings.tls))
     if plugin is not None:
         settings.options = t.options(plugin.upstream_options, protocol_name or "")
     t.finish(f"see the {protocol_name!r} protocol's upstream options" if plugin else "")

@@ -11,18 +11,28 @@ it) instead of taking the gateway down.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from .plugin import ProtocolPlugin
-from .transports.base import SocketTransport, StreamLayer
+from .transports.base import StreamLayer, Transport, address_scheme
 
-__all__ = ["PROTOCOLS_GROUP", "TRANSPORTS_GROUP", "Registered", "Registry", "default_registry"]
+__all__ = [
+    "BUILTIN_DISTRIBUTION",
+    "PROTOCOLS_GROUP",
+    "TRANSPORTS_GROUP",
+    "Registered",
+    "Registry",
+    "default_registry",
+]
 
 PROTOCOLS_GROUP = "interchange.protocols"
 TRANSPORTS_GROUP = "interchange.transports"
+#: The distribution of the built-in transports and layers; any other one's win over them.
+BUILTIN_DISTRIBUTION = "interchange"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +73,8 @@ class Registry:
 
     def __init__(self, protocols: dict[str, Registered], transports: dict[str, Registered]) -> None:
         self.protocols = protocols
-        self.transports = transports
+        #: Transports and layers by entry-point name (a registered class is instantiated once).
+        self.transports = {name: _instantiated(reg) for name, reg in transports.items()}
 
     @classmethod
     def discover(cls) -> Registry:
@@ -72,7 +83,7 @@ class Registry:
             for ep in entry_points(group=PROTOCOLS_GROUP)
         }
         transports = {
-            ep.name: _load(ep, (SocketTransport, StreamLayer))
+            ep.name: _load(ep, (Transport, StreamLayer))
             for ep in entry_points(group=TRANSPORTS_GROUP)
         }
         return cls(dict(sorted(protocols.items())), dict(sorted(transports.items())))
@@ -91,21 +102,61 @@ class Registry:
             raise LookupError(f"protocol {name!r} failed to load: {reg.error}")
         return _class_of(reg.plugin)
 
-    def socket_transport(self, address: str) -> SocketTransport:
-        """The socket transport that claims ``address``; specific schemes before tcp."""
-        candidates = [
-            r.plugin
+    def transport_for(self, address: str) -> Transport:
+        """The transport that claims ``address`` (a ``bind`` or ``connect`` string).
+
+        Transports that claim it by scheme come before the fallback (tcp). If
+        several claim it, a third party's wins over the built-in one; two
+        third-party transports claiming it are a ``LookupError`` naming both.
+        """
+        loaded = [
+            r
             for r in self.transports.values()
-            if r.error is None and isinstance(r.plugin, SocketTransport)
+            if r.error is None and isinstance(r.plugin, Transport)
         ]
-        # The catch-all (tcp) is asked last so that a scheme like "unix:" wins.
-        candidates.sort(key=lambda t: t.name == "tcp")
-        for t in candidates:
-            if t.claims(address):
-                return t
-        raise LookupError(f"no transport handles address {address!r}")
+        for fallback in (False, True):
+            claimants = [
+                r
+                for r in loaded
+                if bool(r.plugin.fallback) is fallback and r.plugin.claims(address)
+            ]
+            if claimants:
+                plugin: Transport = _pick(claimants, f"address {address!r}").plugin
+                return plugin
+        schemes = sorted({scheme for r in loaded for scheme in r.plugin.schemes})
+        known = f"known schemes: {', '.join(schemes) or 'none'}"
+        for r in loaded:
+            if r.plugin.fallback:
+                known += f"; else host:port for {r.plugin.name}"
+        scheme = address_scheme(address)
+        what = f"{scheme}:// addresses" if scheme else f"address {address!r}"
+        raise LookupError(f"no transport handles {what} ({known})")
+
+    def socket_transport(self, address: str) -> Transport:
+        """The former name of :meth:`transport_for`."""
+        return self.transport_for(address)
+
+    def layer_for(self, role: str) -> StreamLayer:
+        """The layer with ``role`` (``"tls"``): a third party's wins over the built-in one.
+
+        ``LookupError`` if none is loaded, or if two third-party layers claim the role.
+        """
+        layers = [
+            r
+            for r in self.transports.values()
+            if r.error is None and isinstance(r.plugin, StreamLayer) and r.plugin.role == role
+        ]
+        if not layers:
+            broken = [f"{n} ({r.error})" for n, r in self.transports.items() if r.error is not None]
+            raise LookupError(
+                f"no transport layer has the role {role!r}"
+                + (f"; failed to load: {', '.join(broken)}" if broken else "")
+            )
+        plugin: StreamLayer = _pick(layers, f"the layer role {role!r}").plugin
+        return plugin
 
     def layer(self, name: str) -> StreamLayer:
+        """The layer registered as ``name`` (the runtime looks layers up by role instead)."""
         reg = self.transports.get(name)
         if reg is None or reg.error is not None or not isinstance(reg.plugin, StreamLayer):
             why = reg.error if reg is not None and reg.error else "not registered"
@@ -114,6 +165,25 @@ class Registry:
 
     def loaded_protocols(self) -> dict[str, type[ProtocolPlugin]]:
         return {n: _class_of(r.plugin) for n, r in self.protocols.items() if r.error is None}
+
+
+def _instantiated(reg: Registered) -> Registered:
+    """A transport registration holding a class, made to hold one instance of it."""
+    if reg.error is not None or not isinstance(reg.plugin, type):
+        return reg
+    try:
+        return dataclasses.replace(reg, plugin=reg.plugin())
+    except Exception as e:
+        return dataclasses.replace(reg, plugin=None, error=f"{type(e).__name__}: {e}")
+
+
+def _pick(claimants: list[Registered], what: str) -> Registered:
+    """One of several registrations claiming ``what``: the single third-party one, if any."""
+    third_party = [r for r in claimants if r.distribution != BUILTIN_DISTRIBUTION]
+    if len(third_party) > 1:
+        names = " and ".join(f"{r.name!r} ({r.distribution} {r.version})" for r in third_party[:2])
+        raise LookupError(f"{what} is claimed by both {names}; uninstall one of them")
+    return (third_party or claimants)[0]
 
 
 def _class_of(plugin: Any) -> type[ProtocolPlugin]:

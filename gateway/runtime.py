@@ -17,6 +17,7 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import trio
 from prometheus_client import Counter
@@ -43,7 +44,7 @@ from .plugin import (
 from .registry import Registry, default_registry
 from .routing import Router
 from .topic import TopicLimits
-from .transports.base import SocketTransport
+from .transports.base import StreamLayer, Transport
 
 __all__ = ["Gateway"]
 
@@ -92,8 +93,10 @@ class _TrackedStream(trio.abc.Stream):
 class _ListenerState:
     settings: ListenerSettings
     plugin: ProtocolPlugin
-    transport: SocketTransport
+    transport: Transport
     tls_context: ssl.SSLContext | None
+    #: The layer with the ``tls`` role, when the listener has a ``tls`` table.
+    tls_layer: StreamLayer | None = None
     addresses: list[str] = field(default_factory=list)
     connections: int = 0
     accept_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
@@ -261,7 +264,13 @@ class Gateway:
     async def _serve_metrics(
         self, bind: str, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        transport = self.registry.socket_transport(bind)
+        transport = self.registry.transport_for(bind)
+        if transport.handshakes:
+            # Prometheus speaks plain HTTP: the transport's handshake would never run.
+            raise OSError(
+                f"metrics cannot bind {bind}: the {transport.name} transport has a handshake "
+                "of its own, and the metrics endpoint is plain HTTP (use host:port or unix:)"
+            )
         try:
             listeners = await transport.listen(bind)
         except OSError as e:
@@ -269,16 +278,18 @@ class Gateway:
         self.metrics_addresses = [transport.listener_name(sl) for sl in listeners]
         log.info("metrics: GET /metrics on %s", " ".join(self.metrics_addresses))
         task_status.started()
-        await serve_metrics(self.metrics, listeners)
+        # serve_metrics only accepts and reads bytes: any listener of a plain transport does.
+        await serve_metrics(self.metrics, cast("list[trio.SocketListener]", list(listeners)))
 
     # -- listeners ---------------------------------------------------------------
     async def _serve_listener(
         self, ls: ListenerSettings, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         plugin = self.plugins[ls.protocol]
-        transport = self.registry.socket_transport(ls.bind)
-        tls_context = self.registry.layer("tls").server_context(ls.tls) if ls.tls else None
-        state = _ListenerState(ls, plugin, transport, tls_context)
+        transport = self.registry.transport_for(ls.bind)
+        tls_layer = self.registry.layer_for("tls") if ls.tls else None
+        tls_context = tls_layer.server_context(ls.tls) if tls_layer and ls.tls else None
+        state = _ListenerState(ls, plugin, transport, tls_context, tls_layer)
         try:
             listeners = await transport.listen(ls.bind)
         except OSError as e:
@@ -306,7 +317,10 @@ class Gateway:
                 await trio.aclose_forcefully(sl)
 
     async def _accept_loop(
-        self, state: _ListenerState, listener: trio.SocketListener, nursery: trio.Nursery
+        self,
+        state: _ListenerState,
+        listener: trio.abc.Listener[trio.abc.Stream],
+        nursery: trio.Nursery,
     ) -> None:
         limit = state.settings.max_connections
         try:
@@ -344,16 +358,25 @@ class Gateway:
         errors = self.metrics.connection_errors.labels(listener=ls.name)
         try:
             try:
+                # Handshakes run here, in the connection's task, never in the accept
+                # loop: TLS first, then the transport's own (a WebSocket upgrade).
                 identity = None
-                if state.tls_context is not None:
+                stage = "TLS"
+                try:
                     with trio.move_on_after(ls.handshake_timeout) as handshake:
-                        stream, identity = await self.registry.layer("tls").wrap_server(
-                            stream, state.tls_context
-                        )
-                    if handshake.cancelled_caught:
-                        errors.inc()
-                        plog.warning("[%s %s] TLS handshake timed out; closing", ls.name, peer)
-                        return
+                        if state.tls_layer is not None and state.tls_context is not None:
+                            stream, identity = await state.tls_layer.wrap_server(
+                                stream, state.tls_context
+                            )
+                        stage = state.transport.name
+                        stream = await state.transport.accepted(stream, ls.bind)
+                except Exception as e:
+                    _handshake_failed(plog, f"[{ls.name} {peer}]", stage, e, errors)
+                    return
+                if handshake.cancelled_caught:
+                    errors.inc()
+                    plog.warning("[%s %s] %s handshake timed out; closing", ls.name, peer, stage)
+                    return
                 info = ConnectionInfo(
                     protocol=ls.protocol,
                     endpoint=ls.name,
@@ -405,23 +428,41 @@ class Gateway:
     def _connector(
         self, up: UpstreamSettings
     ) -> Callable[[str], Awaitable[tuple[trio.abc.Stream, ConnectionInfo]]]:
-        """How ``up`` opens a connection to one of its addresses: transport, then TLS."""
-        tls_context = self.registry.layer("tls").client_context(up.tls) if up.tls else None
+        """How ``up`` opens a connection to one of its addresses.
+
+        The transport connects (within ``connect_timeout``); then, within
+        ``handshake_timeout``, the ``tls`` layer's handshake if configured and
+        the transport's own (:meth:`~gateway.transports.Transport.connected`).
+        A handshake that fails or times out is a failed attempt (``OSError`` or
+        ``trio.TooSlowError``): the upstream tries its next address.
+        """
+        tls_layer = self.registry.layer_for("tls") if up.tls else None
+        tls_context = tls_layer.client_context(up.tls) if tls_layer and up.tls else None
 
         async def connect(address: str) -> tuple[trio.abc.Stream, ConnectionInfo]:
-            transport = self.registry.socket_transport(address)
+            transport = self.registry.transport_for(address)
             with trio.fail_after(up.connect_timeout):
                 stream = await transport.connect(address)
             identity = None
-            if tls_context is not None:
-                try:
-                    with trio.fail_after(up.handshake_timeout):
-                        stream, identity = await self.registry.layer("tls").wrap_client(
-                            stream, tls_context, _server_name(up, address)
+            stage = "TLS"
+            try:
+                with trio.move_on_after(up.handshake_timeout) as handshake:
+                    if tls_layer is not None and tls_context is not None:
+                        stream, identity = await tls_layer.wrap_client(
+                            stream, tls_context, _server_name(up, transport, address)
                         )
-                except BaseException:
-                    await trio.aclose_forcefully(stream)
-                    raise
+                    stage = transport.name
+                    stream = await transport.connected(stream, address)
+                if handshake.cancelled_caught:
+                    raise trio.TooSlowError(
+                        f"{stage} handshake timed out after {up.handshake_timeout:g}s"
+                    )
+            except ProtocolError as e:
+                await trio.aclose_forcefully(stream)
+                raise OSError(f"{stage} handshake failed: {e}") from e
+            except BaseException:
+                await trio.aclose_forcefully(stream)
+                raise
             return stream, ConnectionInfo(
                 protocol=up.protocol,
                 endpoint=up.name,
@@ -458,10 +499,22 @@ async def _idle_watchdog(conn: ServerConnection, scope: trio.CancelScope) -> Non
         await trio.sleep_until(deadline)
 
 
-def _server_name(up: UpstreamSettings, address: str) -> str | None:
+def _server_name(up: UpstreamSettings, transport: Transport, address: str) -> str | None:
     if up.tls is not None and up.tls.server_name:
         return up.tls.server_name
-    if address.startswith("unix:"):
-        return None
-    host = address.rsplit(":", 1)[0]
-    return host.strip("[]") or None
+    return transport.server_name(address)
+
+
+def _handshake_failed(
+    plog: logging.Logger, prefix: str, stage: str, error: Exception, errors: Counter
+) -> None:
+    """Log a server-side handshake that raised; only that connection closes."""
+    leaf = first_leaf(error)
+    if isinstance(leaf, _LOST):
+        plog.info("%s connection lost during the %s handshake: %s", prefix, stage, leaf)
+        return
+    errors.inc()
+    if isinstance(leaf, ProtocolError | trio.TooSlowError | ValueError):
+        plog.warning("%s %s handshake failed: %s; closing", prefix, stage, leaf)
+    else:
+        plog.error("%s %s handshake failed; closing", prefix, stage, exc_info=leaf)

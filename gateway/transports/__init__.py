@@ -2,13 +2,32 @@
 
 Two kinds register in the ``interchange.transports`` entry-point group:
 
-* a :class:`SocketTransport` opens listeners and outgoing connections for the
-  addresses it claims (``tcp`` for ``host:port``, ``unix`` for ``unix:/path``);
-* a :class:`StreamLayer` wraps an established stream (``tls``).
+* a :class:`Transport` opens listeners and outgoing connections for the
+  addresses it claims (``tcp`` for ``host:port``, ``unix`` for ``unix:/path``,
+  a plugin for its URL schemes such as ``ws://``), with an optional
+  handshake of its own on each connection;
+* a :class:`StreamLayer` wraps an established stream, found by its role
+  (``tls``).
 
 Protocols only ever see a ``trio.abc.Stream``.
 """
 
-from .base import SocketTransport, StreamLayer, TlsClientSettings, TlsServerSettings
+from .base import (
+    SocketTransport,
+    StreamLayer,
+    TlsClientSettings,
+    TlsServerSettings,
+    Transport,
+    address_host,
+    address_scheme,
+)
 
-__all__ = ["SocketTransport", "StreamLayer", "TlsClientSettings", "TlsServerSettings"]
+__all__ = [
+    "SocketTransport",
+    "StreamLayer",
+    "TlsClientSettings",
+    "TlsServerSettings",
+    "Transport",
+    "address_host",
+    "address_scheme",
+]

@@ -1,8 +1,8 @@
 """TCP: ``host:port``, ``[v6addr]:port`` and ``*:port`` / ``:port`` (all interfaces).
 
-TCP is the fallback scheme: it claims every address that does not start with
-another scheme's ``name:`` prefix, so a typo still gets a TCP-shaped error
-message instead of "no transport".
+TCP is the fallback transport: it claims every address that does not start
+with a ``scheme:`` prefix, so a typo still gets a TCP-shaped error message
+instead of "no transport".
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+from typing import Any
 
 import trio
 
-from .base import SocketTransport
+from .base import Transport
 
 __all__ = ["TcpTransport", "format_sockaddr", "parse_address", "transport"]
 
@@ -89,10 +90,12 @@ def enable_keepalive(sock: trio.socket.SocketType) -> None:
         pass
 
 
-class TcpTransport(SocketTransport):
+class TcpTransport(Transport):
     """Listeners and connections over TCP, IPv4 and IPv6."""
 
+    kind = "socket"
     name = "tcp"
+    fallback = True
 
     def claims(self, address: str) -> bool:
         """Anything that is not ``scheme:…`` for another scheme (``unix:/x`` is not ours)."""
@@ -147,8 +150,9 @@ class TcpTransport(SocketTransport):
         except OSError:
             return ""
 
-    def listener_name(self, listener: trio.SocketListener) -> str:
-        return format_sockaddr(listener.socket.getsockname())
+    def listener_name(self, listener: trio.abc.Listener[Any]) -> str:
+        sock = getattr(listener, "socket", None)
+        return format_sockaddr(sock.getsockname()) if sock is not None else ""
 
 
 def _port(listener: trio.SocketListener) -> int:

@@ -60,6 +60,7 @@ class TlsLayer(StreamLayer):
     """TLS 1.2+ over any stream, with optional or required client certificates."""
 
     name = "tls"
+    role = "tls"
 
     def server_context(self, settings: TlsServerSettings) -> ssl.SSLContext:
         """Server context: our chain, minimum version, and client-certificate policy."""

@@ -11,10 +11,11 @@ import errno
 import os
 import socket
 import stat
+from typing import Any
 
 import trio
 
-from .base import SocketTransport
+from .base import Transport
 
 __all__ = ["UnixTransport", "transport"]
 
@@ -46,12 +47,15 @@ def socket_path(address: str) -> str:
     return path
 
 
-class UnixTransport(SocketTransport):
+class UnixTransport(Transport):
     """Listeners and connections over Unix stream sockets."""
 
+    kind = "socket"
     name = "unix"
+    schemes = ("unix",)
 
     def claims(self, address: str) -> bool:
+        """``unix:path`` (not a URL: no ``//`` after the colon)."""
         return address.startswith(PREFIX)
 
     def check_address(self, address: str) -> None:
@@ -89,8 +93,13 @@ class UnixTransport(SocketTransport):
                 return PREFIX + path
         return PREFIX
 
-    def listener_name(self, listener: trio.SocketListener) -> str:
-        return PREFIX + _path_text(listener.socket.getsockname())
+    def listener_name(self, listener: trio.abc.Listener[Any]) -> str:
+        sock = getattr(listener, "socket", None)
+        return PREFIX + (_path_text(sock.getsockname()) if sock is not None else "")
+
+    def server_name(self, address: str) -> str | None:
+        """None: a socket path is no host name (set the upstream's ``server_name`` for TLS)."""
+        return None
 
 
 def _path_text(sockaddr: object) -> str:
