@@ -27,11 +27,12 @@ one Beats-shaped window, ``2W n`` + one ``2C`` (zlib, ``--level``) of ``n``
 ``2J`` events of exactly ``--size`` bytes of JSON, is encoded once with
 :func:`~protocols.lumberjack.encode_window` and sent again and again, with at
 most ``--inflight`` windows unacked per connection. Acks are parsed with
-:class:`~protocols.lumberjack.ClientCodec`: ``A 0`` (a keepalive) is counted
-and ignored, a partial ack counts the events it covers, and a window counts
-as done when its last sequence number is acked. The ack latency of a window
-is the time from just before its bytes are handed to the socket to the
-moment the ack covering its last event is parsed.
+:class:`~protocols.lumberjack.ClientCodec`, which matches them to the windows
+in flight: ``A 0`` (a keepalive) is counted and ignored, a partial ack counts
+the events it covers, and a window counts as done when its last sequence
+number is acked. The ack latency of a window is the time from just before
+its bytes are handed to the socket to the moment the ack covering its last
+event is parsed.
 
 Self-checks (any failure makes the run exit 1): every ack must match a
 window in flight and stay within it; after the measured window sending stops
@@ -70,7 +71,7 @@ from typing import Any
 import trio
 
 from gateway.errors import RemoteProtocolError
-from protocols.lumberjack import NEED_DATA, Ack, ClientCodec, ConnectionClosed, encode_window
+from protocols.lumberjack import NEED_DATA, ClientCodec, ConnectionClosed, Progress, encode_window
 
 from . import Result, int_at_least, register
 from ._gateway import RunningGateway, supervise, to_toml
@@ -533,33 +534,33 @@ class Replay:
 
     async def connection(self, stream: trio.abc.Stream) -> None:
         """Drive one connection: a sender and an ack reader sharing its in-flight windows."""
-        #: ``[send time, events acked so far]`` per window in flight, oldest first.
-        inflight: deque[list[Any]] = deque()
+        #: The send time of each window in flight, oldest first.
+        inflight: deque[float] = deque()
         room = trio.lowlevel.ParkingLot()
         self._rooms.append(room)
+        codec = ClientCodec(version=2)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._send, stream, inflight, room)
-            await self._read(stream, inflight, room)
+            nursery.start_soon(self._send, stream, codec, inflight, room)
+            await self._read(stream, codec, inflight, room)
             nursery.cancel_scope.cancel()
 
     async def _send(
-        self, stream: trio.abc.SendStream, inflight: deque[list[Any]], room: Any
+        self, stream: trio.abc.SendStream, codec: ClientCodec, inflight: deque[float], room: Any
     ) -> None:
         window, limit, perf_counter = self.window, self.limit, time.perf_counter
         while not self.stopping:
             if len(inflight) >= limit:
                 await room.park()
                 continue
-            inflight.append([perf_counter(), 0])
+            inflight.append(perf_counter())
+            codec.window_sent(self.events)
             self.unacked += 1
             self.windows_sent += 1
             await stream.send_all(window)
 
     async def _read(
-        self, stream: trio.abc.ReceiveStream, inflight: deque[list[Any]], room: Any
+        self, stream: trio.abc.ReceiveStream, codec: ClientCodec, inflight: deque[float], room: Any
     ) -> None:
-        codec = ClientCodec(version=2)
-        n = self.events
         latencies, timeline, perf_counter = self.latencies, self.timeline, time.perf_counter
         while True:
             data = await stream.receive_some(RECEIVE_SIZE)
@@ -571,34 +572,26 @@ class Replay:
             codec.receive_data(data)
             progress = 0
             try:
+                # The codec raises for an ack with no window in flight or beyond it.
                 while (event := codec.next_event()) is not NEED_DATA:
                     if isinstance(event, ConnectionClosed):
                         return
-                    assert isinstance(event, Ack)
-                    seq = event.seq
-                    if seq == 0:
-                        self.keepalives += 1
+                    assert isinstance(event, Progress)
+                    if not event.acked:
+                        if event.seq:
+                            self.stale_acks += 1
+                        else:
+                            self.keepalives += 1
                         continue
-                    if not inflight:
-                        self.fail(f"ack {seq} with no window in flight")
-                        return
-                    head = inflight[0]
-                    if seq > n:
-                        self.fail(f"ack {seq} beyond the window of {n} events")
-                        return
-                    if seq <= head[1]:
-                        self.stale_acks += 1
-                        continue
-                    progress += seq - head[1]
-                    head[1] = seq
-                    if seq < n:
+                    progress += event.acked
+                    if not event.window_done:
                         self.partial_acks += 1
                         continue
-                    inflight.popleft()
+                    sent_at = inflight.popleft()
                     self.full_acks += 1
                     self.unacked -= 1
                     if in_window:
-                        latencies.append(now - head[0])
+                        latencies.append(now - sent_at)
                     room.unpark_all()
             except RemoteProtocolError as e:
                 self.fail(f"the gateway sent a bad ack: {e}")

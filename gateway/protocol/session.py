@@ -33,6 +33,7 @@ decides how to log them and closes the stream.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -330,10 +331,20 @@ class Session:
         stream = self.stream
         while True:
             if answers.has_ready and not self._failed:
-                for answer, receipt in answers.ready():
-                    frame = answer(receipt)
-                    if frame:
-                        self._out += frame
+                try:
+                    for answer, receipt in answers.ready():
+                        frame = answer(receipt)
+                        if frame:
+                            self._out += frame
+                except Exception:
+                    # The answers before the one that raised were owed: write them, then close.
+                    if self._out:
+                        with (
+                            trio.move_on_after(self.write_timeout or math.inf),
+                            contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+                        ):
+                            await stream.send_all(self._out)
+                    raise
                 if self._progress:
                     self._progress.unpark_all()
             if not self._out:

@@ -1,13 +1,17 @@
 """Lumberjack v1/v2 (Beats ⇄ Logstash) for Interchange.
 
 The sans-IO codec (:class:`ServerCodec`, :class:`ClientCodec` and the events
-in :mod:`protocols.lumberjack.events`) imports no I/O library; the wire
-format and its encoders are in :mod:`protocols.lumberjack.frames`. The trio
-drivers that run the codec over a stream live beside it.
+in :mod:`protocols.lumberjack.events`) imports no I/O library and speaks the
+protocol toolkit's vocabulary (:data:`NEED_DATA`, :class:`ConnectionClosed`,
+re-exported here); the wire format and its encoders are in
+:mod:`protocols.lumberjack.frames`. The trio drivers that run the codec over
+a stream live beside it.
 """
 
-from .codec import NEED_DATA, ClientCodec, Limits, ServerCodec, State
-from .events import Ack, ConnectionClosed, Event, Window
+from gateway.protocol import NEED_DATA, ConnectionClosed
+
+from .codec import ClientCodec, Limits, ServerCodec, State
+from .events import Ack, Event, Progress, Window
 from .frames import encode_ack, encode_window
 
 __all__ = [
@@ -17,6 +21,7 @@ __all__ = [
     "ConnectionClosed",
     "Event",
     "Limits",
+    "Progress",
     "ServerCodec",
     "State",
     "Window",

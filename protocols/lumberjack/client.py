@@ -1,13 +1,15 @@
 """The client role of Lumberjack over trio: windows out, acks in.
 
-:func:`forward` is what a gateway upstream runs on each connection: it pulls
-deliveries from the upstream's subscription, sends them as windows (``W n`` +
-one zlib ``C`` of ``J`` frames numbered 1..n), keeps ``pipelining`` windows in
-flight, and acks each delivery to the hub only once the server's ``A`` covers
-its sequence number. Acks are matched to windows in order. A partial ack acks
-the covered prefix; the rest stays in flight until the server acks it or the
-connection fails, and then the unacked tail goes back to the subscription and
-is sent again on the next connection (at least once, never lost).
+:func:`forward` is what a gateway upstream runs on each connection: a
+:class:`~gateway.protocol.Session` whose send loop pulls deliveries from the
+upstream's subscription and sends them as windows (``W n`` + one zlib ``C``
+of ``J`` frames numbered 1..n), keeping ``pipelining`` windows in flight. The
+:class:`ClientCodec` matches each ``A`` frame to the oldest window in flight,
+and a delivery is acked to the hub only once an ``A`` covers its sequence
+number. A partial ack acks the covered prefix; the rest stays in flight until
+the server acks it or the connection fails, and then the unacked tail goes
+back to the subscription and is sent again on the next connection (at least
+once, never lost).
 
 Any ``A`` frame (keepalives included) resets the read timeout; only progress
 resets the stall timer, so a server that only sends keepalives for
@@ -34,9 +36,9 @@ from typing import Any
 import trio
 
 from gateway.destination import Subscription
-from gateway.errors import RemoteProtocolError
+from gateway.protocol import Session
 
-from . import NEED_DATA, Ack, ClientCodec, ConnectionClosed
+from . import NEED_DATA, ClientCodec, ConnectionClosed, Progress
 from .mapping import to_payloads
 from .metrics import ClientMetrics
 
@@ -69,140 +71,92 @@ class ClientSettings:
     metadata: bytes = b""
 
 
-class _Sent:
-    __slots__ = ("acked", "sent_at", "tags")
+class _Forwarder(Session):
+    codec: ClientCodec
 
-    def __init__(self, tags: list[int]) -> None:
-        self.tags = tags
-        self.acked = 0
-        self.sent_at = trio.current_time()
-
-
-class _Forwarder:
     def __init__(
         self,
         stream: trio.abc.Stream,
         sub: Subscription,
         settings: ClientSettings,
-        log: logging.Logger | logging.LoggerAdapter,
+        log: logging.Logger | logging.LoggerAdapter[Any],
         metrics: ClientMetrics,
     ) -> None:
-        self.stream = stream
+        super().__init__(
+            stream, ClientCodec(settings.version), log=log, write_timeout=settings.timeout
+        )
         self.sub = sub
         self.s = settings
-        self.log = log
         self.metrics = metrics
-        self.codec = ClientCodec(version=settings.version)
-        self.inflight: deque[_Sent] = deque()
-        self.changed = trio.lowlevel.ParkingLot()
-        self.timer = trio.CancelScope()
+        #: ``(delivery tags, sent at)`` of each window in flight, oldest first.
+        self.inflight: deque[tuple[list[int], float]] = deque()
+        self._window_done = trio.lowlevel.ParkingLot()
         self.last_ack = self.last_progress = trio.current_time()
-        self.expired = False
         self.acked_events = 0
 
-    def _wake(self) -> None:
-        if self.changed:
-            self.changed.unpark_all()
+    def started(self) -> None:
+        self.nursery.start_soon(self._send_loop)
 
-    def _arm_timer(self) -> None:
-        if self.inflight:
-            self.timer.deadline = min(
-                self.last_ack + self.s.timeout, self.last_progress + self.s.stall_timeout
-            )
-        else:
-            self.timer.deadline = math.inf
-
-    async def run(self) -> None:
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.send_loop)
-                await self.receive_loop()
-                nursery.cancel_scope.cancel()
-        except BaseException:
-            unacked = sum(len(sent.tags) - sent.acked for sent in self.inflight)
-            if unacked:
-                self.metrics.events_failed.inc(unacked)
-            raise
-
-    async def send_loop(self) -> None:
-        born = trio.current_time()
+    async def _send_loop(self) -> None:
         s = self.s
+        end = trio.current_time() + s.ttl if s.ttl else math.inf
         while True:
-            if s.ttl and trio.current_time() - born >= s.ttl:
-                self.log.info("connection TTL (%gs) reached; reconnecting once acked", s.ttl)
-                self.expired = True
-                if not self.inflight:
-                    self.timer.cancel()  # the receiver may be waiting with no deadline
-                return
             while len(self.inflight) >= s.pipelining:
-                await self.changed.park()
-            if s.ttl:
-                deliveries = []
-                with trio.move_on_at(born + s.ttl):
-                    deliveries = await self.sub.receive(s.bulk_max_size)
-                if not deliveries:  # the TTL ran out while idle
-                    continue
-            else:
+                await self._window_done.park()
+            deliveries = []
+            with trio.move_on_at(end):
                 deliveries = await self.sub.receive(s.bulk_max_size)
+            if not deliveries:  # the TTL ran out
+                break
             wire = self.codec.send_window(
                 to_payloads(list(map(_MESSAGE, deliveries)), s.metadata),
                 compression_level=s.compression_level,
             )
-            resent = sum(map(_REDELIVERED, deliveries))
-            if resent:
+            if resent := sum(map(_REDELIVERED, deliveries)):
                 self.metrics.events_resent.inc(resent)
             self.metrics.windows.inc()
             self.metrics.window_events.observe(len(deliveries))
+            now = trio.current_time()
             if not self.inflight:
-                self.last_ack = self.last_progress = trio.current_time()
-            self.inflight.append(_Sent([d.tag for d in deliveries]))
-            self._arm_timer()
-            await self.stream.send_all(wire)
+                self.last_ack = self.last_progress = now
+            self.inflight.append(([d.tag for d in deliveries], now))
+            self._arm()
+            await self.write_when_room(wire)
+            if trio.current_time() >= end:
+                break
+        self.log.info("connection TTL (%gs) reached; reconnecting once acked", s.ttl)
+        while self.inflight:
+            await self._window_done.park()
+        self.stop()
 
-    async def receive_loop(self) -> None:
-        while not (self.expired and not self.inflight):
-            self.timer = trio.CancelScope()
-            self._arm_timer()
-            with self.timer:
-                data = await self.stream.receive_some(RECEIVE_SIZE)
-            if self.timer.cancelled_caught:
-                if self.expired and not self.inflight:
-                    return
-                now = trio.current_time()
-                if now - self.last_progress >= self.s.stall_timeout:
-                    raise trio.TooSlowError(
-                        f"no progress for {self.s.stall_timeout:g}s (only keepalives)"
-                    )
-                raise trio.TooSlowError(f"no ack for {self.s.timeout:g}s")
-            if not data:
-                raise trio.BrokenResourceError("the server closed the connection")
-            self.codec.receive_data(data)
-            while (event := self.codec.next_event()) is not NEED_DATA:
-                if isinstance(event, ConnectionClosed):
-                    raise trio.BrokenResourceError("the server closed the connection")
-                assert isinstance(event, Ack)
-                self.on_ack(event.seq)
+    async def handle(self, event: Progress) -> None:
+        now = self.last_ack = trio.current_time()
+        if event.acked:
+            tags, _ = self.inflight[0]
+            self.sub.ack_many(tags[event.seq - event.acked : event.seq])
+            self.acked_events += event.acked
+            self.metrics.events_acked.inc(event.acked)
+            self.last_progress = now
+        if event.window_done:
+            _, sent_at = self.inflight.popleft()
+            self.metrics.ack_latency.observe(now - sent_at)
+            self._window_done.unpark_all()
+        self._arm()
 
-    def on_ack(self, seq: int) -> None:
-        self.last_ack = trio.current_time()
-        if seq == 0:
-            return  # keepalive
+    def _arm(self) -> None:
+        """While windows are in flight, the server owes an ack (and progress)."""
         if not self.inflight:
-            raise RemoteProtocolError(f"ack {seq} with no window in flight")
-        head = self.inflight[0]
-        if seq > len(head.tags):
-            raise RemoteProtocolError(f"ack {seq} beyond the window of {len(head.tags)} events")
-        if seq <= head.acked:
-            return
-        self.sub.ack_many(head.tags[head.acked : seq])
-        self.acked_events += seq - head.acked
-        self.metrics.events_acked.inc(seq - head.acked)
-        head.acked = seq
-        self.last_progress = self.last_ack
-        if seq == len(head.tags):
-            self.inflight.popleft()
-            self.metrics.ack_latency.observe(self.last_ack - head.sent_at)
-            self._wake()
+            self.clear_deadline()
+        elif self.last_progress + self.s.stall_timeout < self.last_ack + self.s.timeout:
+            self.set_deadline(
+                self.last_progress + self.s.stall_timeout,
+                f"no progress for {self.s.stall_timeout:g}s (only keepalives)",
+            )
+        else:
+            self.set_deadline(self.last_ack + self.s.timeout, f"no ack for {self.s.timeout:g}s")
+
+    def end_of_input(self) -> None:
+        raise trio.BrokenResourceError("the server closed the connection")
 
 
 async def forward(
@@ -210,7 +164,7 @@ async def forward(
     sub: Subscription,
     settings: ClientSettings | None = None,
     *,
-    logger: logging.Logger | logging.LoggerAdapter | None = None,
+    logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
     metrics: ClientMetrics | None = None,
 ) -> int:
     """Send ``sub``'s deliveries as windows over ``stream`` until it fails or its TTL ends.
@@ -219,14 +173,16 @@ async def forward(
     number of events acked. Raises on a lost connection, timeout or protocol
     error; deliveries not acked then are redelivered when ``sub`` closes.
     """
+    metrics = metrics or ClientMetrics()
     f = _Forwarder(
-        stream,
-        sub,
-        settings or ClientSettings(),
-        logger or logging.getLogger(__name__),
-        metrics or ClientMetrics(),
+        stream, sub, settings or ClientSettings(), logger or logging.getLogger(__name__), metrics
     )
-    await f.run()
+    try:
+        await f.run()
+    except BaseException:
+        if unacked := f.codec.events_in_flight:
+            metrics.events_failed.inc(unacked)
+        raise
     return f.acked_events
 
 
@@ -275,28 +231,19 @@ class LumberjackClient:
             e if isinstance(e, bytes | bytearray) else json.dumps(e).encode() for e in events
         ]
         size = self.settings.bulk_max_size
+        codec = self.codec
         for start in range(0, len(payloads), size) or (0,):
             chunk = payloads[start : start + size]
             await self.stream.send_all(
-                self.codec.send_window(chunk, compression_level=self.settings.compression_level)
+                codec.send_window(chunk, compression_level=self.settings.compression_level)
             )
-            await self._await_ack(len(chunk))
+            while codec.windows_in_flight:
+                with trio.move_on_after(self.settings.timeout) as timer:
+                    data = await self.stream.receive_some(RECEIVE_SIZE)
+                if timer.cancelled_caught:
+                    raise trio.TooSlowError(f"no ack for {self.settings.timeout:g}s")
+                codec.receive_data(data)
+                while (event := codec.next_event()) is not NEED_DATA:
+                    if isinstance(event, ConnectionClosed):
+                        raise trio.BrokenResourceError("the server closed the connection")
         return len(payloads)
-
-    async def _await_ack(self, n: int) -> None:
-        while True:
-            with trio.move_on_after(self.settings.timeout) as timer:
-                data = await self.stream.receive_some(RECEIVE_SIZE)
-            if timer.cancelled_caught:
-                raise trio.TooSlowError(f"no ack for {self.settings.timeout:g}s")
-            if not data:
-                raise trio.BrokenResourceError("the server closed the connection")
-            self.codec.receive_data(data)
-            while (event := self.codec.next_event()) is not NEED_DATA:
-                if isinstance(event, ConnectionClosed):
-                    raise trio.BrokenResourceError("the server closed the connection")
-                assert isinstance(event, Ack)
-                if event.seq > n:
-                    raise RemoteProtocolError(f"ack {event.seq} beyond the window of {n}")
-                if event.seq == n:
-                    return

@@ -4,28 +4,33 @@
 with :meth:`~ServerCodec.receive_data` (``b""`` means the peer closed), call
 :meth:`~ServerCodec.next_event` until it returns :data:`NEED_DATA`, and turn
 each :class:`Window` into an ``A`` frame with :meth:`~ServerCodec.send` once
-its events are safe. :class:`ClientCodec` is the writer (Beats) side.
-The window rules are those of DECISIONS.md §1: the ack carries the highest
-sequence number seen, ``W 0`` is a window of its own, a new ``W`` flushes a
-partial window, and data frames after a full window start a window of the
-same ("sticky") size, as v1 streaming writers send ``W`` once.
+its events are safe; like h11, ``send`` refuses an ack that no returned
+window awaits. :class:`ClientCodec` is the writer (Beats) side: it remembers
+the windows it sent and turns each ``A`` frame into a
+:class:`~protocols.lumberjack.events.Progress` saying what it acks. Both
+speak the toolkit's vocabulary (:data:`~gateway.protocol.NEED_DATA`,
+:class:`~gateway.protocol.ConnectionClosed`) and keep their bytes in its
+:class:`~gateway.protocol.ReceiveBuffer`. The window rules are those of
+DECISIONS.md §1: the ack carries the highest sequence number seen, ``W 0``
+is a window of its own, a new ``W`` flushes a partial window, and data
+frames after a full window start a window of the same ("sticky") size, as
+v1 streaming writers send ``W`` once.
 
-Parsing strategy: received bytes go to one ``bytearray`` with a read offset
-(compacted only when the offset passes half the buffer), and one loop,
-:meth:`ServerCodec._parse`, reads frames from it with ``struct.unpack_from``
-at an offset: no reslicing per frame and no object per event but the
-``(seq, payload)`` tuple. A ``C`` frame is inflated only once all of it is
-buffered, with ``decompressobj().decompress(data, max_length)`` in bounded
-steps so that a zip bomb is refused after at most ``min(max_inflated,
-max_ratio * len)`` bytes; the inflated bytes then go through the same loop
-(recursively, for nested ``C``), where a frame cut short is an error; there
-a run of whole ``J`` frames, the bulk of any Beats window, is read by a tight
-inner loop that leaves every unusual frame to the general one. When a
-frame is incomplete the loop records how many bytes it needs, so a large
-frame arriving in small pieces is not re-parsed per piece; the length
-fields of a ``D`` frame are scanned with a resumable cursor for the same
-reason. Every length is checked against :class:`Limits` before anything is
-allocated or buffered for it.
+Parsing strategy: :meth:`ServerCodec._parse` reads frame headers from the
+receive buffer with ``struct.unpack_from`` at an offset (no reslicing per
+frame, no object per event but the ``(seq, payload)`` tuple) and hands each
+frame to its step. ``_json_run`` reads a whole run of ``J`` frames, the bulk
+of any Beats window, in one tight loop; ``_data`` reads a ``D`` frame,
+``_window`` a ``W``; ``_compressed`` inflates a ``C`` frame once all of it
+is buffered, with ``decompressobj().decompress(data, max_length)`` in
+bounded steps so that a zip bomb is refused after at most
+``min(max_inflated, max_ratio * len)`` bytes, and parses the inflated bytes
+with the same loop (recursively, for nested ``C``), where a frame cut short
+is an error. A step that meets an incomplete frame says how many bytes it
+needs, so a large frame arriving in small pieces is not re-parsed per piece;
+the length fields of a ``D`` frame are scanned with a resumable cursor for
+the same reason. Every length is checked against :class:`Limits` before
+anything is allocated or buffered for it.
 
 A peer breaking the protocol raises :class:`~gateway.errors.RemoteProtocolError`
 and puts the codec in :attr:`State.ERROR`; the driver closes the connection
@@ -41,17 +46,25 @@ import zlib
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NoReturn
 
-from gateway.errors import LocalProtocolError, RemoteProtocolError
+from gateway.protocol import (
+    NEED_DATA,
+    ConnectionClosed,
+    LocalProtocolError,
+    NeedData,
+    ReceiveBuffer,
+    RemoteProtocolError,
+)
 
-from .events import Ack, ConnectionClosed, Window
+from .events import Ack, Progress, Window
 from .frames import (
     FRAME_ACK,
     FRAME_COMPRESSED,
     FRAME_DATA,
     FRAME_JSON,
     FRAME_WINDOW,
+    HEADER6,
     HEADER10,
     U32,
     VERSION_1,
@@ -68,14 +81,6 @@ except ImportError:  # pragma: no cover - a platform without an isal wheel
 
 __all__ = ["NEED_DATA", "ClientCodec", "Limits", "ServerCodec", "State"]
 
-
-class _NeedData:
-    def __repr__(self) -> str:
-        return "NEED_DATA"
-
-
-#: Returned by ``next_event`` when no whole event has arrived yet.
-NEED_DATA: Final = _NeedData()
 
 _SEQ: Final = operator.itemgetter(0)
 
@@ -131,6 +136,23 @@ def _bad_type(byte: int) -> RemoteProtocolError:
     return RemoteProtocolError(f"unknown Lumberjack frame type {byte:#04x}")
 
 
+def _short_frame_need(data: bytes | bytearray, p: int, end: int) -> int:
+    """With under 10 bytes left at ``p``: the bytes its frame needs, 0 for a whole ``W``/``C``."""
+    avail = end - p
+    if not avail:
+        return 1
+    if data[p] != VERSION_2 and data[p] != VERSION_1:
+        raise _bad_version(data[p])
+    if avail < 2:
+        return 2
+    typ = data[p + 1]
+    if typ in (FRAME_WINDOW, FRAME_COMPRESSED):
+        return 6 if avail < 6 else 0
+    if typ in (FRAME_JSON, FRAME_DATA):
+        return 10
+    raise _bad_type(typ)
+
+
 def _scan_data_frame(
     data: bytes | bytearray, p: int, end: int, r: int, blobs: int, max_frame: int
 ) -> tuple[int, int, int]:
@@ -171,26 +193,7 @@ def _decode_data_frame(data: bytes | bytearray, q: int, pairs: int) -> dict[str,
     return fields
 
 
-class _Receiver:
-    """The receive buffer both roles share: bytes in, ``b""`` for the end of input."""
-
-    def __init__(self) -> None:
-        self._state = State.OPEN
-        self._eof = False
-        self._buf = bytearray()
-        self._pos = 0
-
-    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
-        """Add received bytes; ``b""`` means the peer closed its sending side."""
-        if not data:
-            self._eof = True
-        elif self._eof:
-            raise LocalProtocolError("data received after end of input")
-        elif self._state is State.OPEN:
-            self._buf += data
-
-
-class ServerCodec(_Receiver):
+class ServerCodec:
     """The reader side of one Lumberjack connection (v1 and v2 alike).
 
     ::
@@ -202,13 +205,17 @@ class ServerCodec(_Receiver):
     """
 
     def __init__(self, limits: Limits | None = None) -> None:
-        super().__init__()
         self.limits = Limits() if limits is None else limits
-        #: Bytes needed from ``_pos`` before parsing can make progress.
+        self._state = State.OPEN
+        self._buffer = ReceiveBuffer()
+        #: Bytes needed from the buffer's ``pos`` before parsing can make progress.
         self._need = 1
         #: Resume point ``(offset, blobs left)`` of a partly received ``D`` frame.
         self._dscan: tuple[int, int] | None = None
+        #: Windows parsed and not yet returned.
         self._ready: deque[Window] = deque()
+        #: Windows returned and not yet acked, oldest first.
+        self._awaiting: deque[Window] = deque()
         # The window being received; ``_remaining == 0`` means none is.
         self._events: list[tuple[int, bytes | dict[str, str]]] = []
         self._remaining = 0
@@ -230,10 +237,14 @@ class ServerCodec(_Receiver):
     @property
     def in_window(self) -> bool:
         """True while a window or a frame is partly received (time it out)."""
-        return self._state is State.OPEN and (self._remaining > 0 or len(self._buf) > self._pos)
+        return self._state is State.OPEN and (self._remaining > 0 or len(self._buffer) > 0)
 
     # -- input ----------------------------------------------------------------
-    def next_event(self) -> Window | ConnectionClosed | _NeedData:
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Add received bytes; ``b""`` means the peer closed its sending side."""
+        self._buffer.feed(data)
+
+    def next_event(self) -> Window | ConnectionClosed | NeedData:
         """The next whole window, :class:`ConnectionClosed`, or :data:`NEED_DATA`.
 
         After the end of input, a partly received window is dropped (it must
@@ -242,29 +253,26 @@ class ServerCodec(_Receiver):
         if self._state is State.ERROR:
             raise LocalProtocolError("the connection is in the ERROR state")
         ready = self._ready
-        if ready:
-            return ready.popleft()
-        if self._state is State.CLOSED:
-            return ConnectionClosed()
-        buf = self._buf
-        pos = self._pos
-        if len(buf) - pos >= self._need:
-            try:
-                pos = self._parse(buf, pos, len(buf), 0)
-            except RemoteProtocolError:
-                self._fail()
-                raise
-            if pos > len(buf) >> 1:
-                del buf[:pos]
-                pos = 0
-            self._pos = pos
-            if ready:
-                return ready.popleft()
-        if self._eof:
-            self._state = State.CLOSED
-            self._discard()
-            return ConnectionClosed()
-        return NEED_DATA
+        if not ready:
+            if self._state is State.CLOSED:
+                return ConnectionClosed()
+            buf = self._buffer
+            data = buf.data
+            if len(data) - buf.pos >= self._need:
+                try:
+                    buf.advance(self._parse(data, buf.pos, len(data), 0))
+                except RemoteProtocolError:
+                    self._fail()
+                    raise
+            if not ready:
+                if not buf.eof:
+                    return NEED_DATA
+                self._state = State.CLOSED
+                self._discard()
+                return ConnectionClosed()
+        window = ready.popleft()
+        self._awaiting.append(window)
+        return window
 
     def _fail(self) -> None:
         self._state = State.ERROR
@@ -272,22 +280,40 @@ class ServerCodec(_Receiver):
         self._ready.clear()
 
     def _discard(self) -> None:
-        self._buf = bytearray()
-        self._pos = 0
+        self._buffer.discard()
         self._events = []
         self._remaining = 0
         self._dscan = None
 
     # -- output ---------------------------------------------------------------
     def send(self, event: Ack) -> bytes:
-        """The 6 bytes of ``event``'s ``A`` frame.
+        """The 6 bytes of ``event``'s ``A`` frame, for the oldest window awaiting an ack.
 
-        Allowed in every state: a window already returned stays valid (and
-        ackable) even if the input after it was bad.
+        ``Ack(window.version, window.highest_seq)`` acks that window (the next
+        ack is for the next one); ``Ack(window.version, 0)`` while its highest
+        sequence is above 0 is a keepalive that acks nothing, as is any lower
+        sequence. Refused with :class:`~gateway.errors.LocalProtocolError`: an
+        ack when no window returned by :meth:`next_event` awaits one, in
+        another version than that window's, or beyond its highest sequence.
+        Allowed in every state: a window already returned stays ackable even
+        if the input after it was bad.
         """
         if not isinstance(event, Ack):
             raise LocalProtocolError(f"a Lumberjack server only sends Ack, not {event!r}")
-        return encode_ack(event.version, event.seq)
+        awaiting = self._awaiting
+        if not awaiting:
+            raise LocalProtocolError(f"{event!r}, but no window awaits an ack")
+        window = awaiting[0]
+        if event.version != window.version:
+            raise LocalProtocolError(f"{event!r} for a window of version {window.version}")
+        if event.seq > window.highest_seq:
+            raise LocalProtocolError(
+                f"{event!r} beyond the window's highest sequence {window.highest_seq}"
+            )
+        wire = encode_ack(event.version, event.seq)
+        if event.seq == window.highest_seq:
+            awaiting.popleft()
+        return wire
 
     # -- parsing ----------------------------------------------------------------
     def _parse(self, data: bytes | bytearray, p: int, end: int, depth: int) -> int:
@@ -296,189 +322,154 @@ class ServerCodec(_Receiver):
         ``depth`` 0: ``data`` is the receive buffer; stop after a window is
         ready or at an incomplete frame (setting ``_need``). ``depth`` ≥ 1:
         ``data`` is an inflated ``C`` payload, read to its end, where a cut
-        frame is an error. The window in progress lives in locals here and
-        is saved to ``self`` around nested ``C`` frames and on the way out.
+        frame is an error. Each frame's step returns the offset after what it
+        read, or minus the bytes its frame needs from ``p``.
         """
-        limits = self.limits
-        max_frame = limits.max_frame
+        top = not depth
         ready = self._ready
-        events = self._events
-        remaining = self._remaining
-        highest = self._highest
-        win_version = self._win_version
-        win_size = self._win_size
-        sticky = self._sticky
-        top = depth == 0
         unpack10 = HEADER10.unpack_from
-        append = events.append
         need = 0
         while True:
-            avail = end - p
-            if avail >= 10:
+            if end - p >= 10:
                 ver, typ, a, b = unpack10(data, p)
                 if ver != VERSION_2 and ver != VERSION_1:
                     raise _bad_version(ver)
             else:  # the last few bytes: a short frame (W, C header) or a cut one
-                if not avail:
-                    need = 1
+                need = _short_frame_need(data, p, end)
+                if need:
                     break
-                ver = data[p]
-                if ver != VERSION_2 and ver != VERSION_1:
-                    raise _bad_version(ver)
-                if avail < 2:
-                    need = 2
-                    break
-                typ = data[p + 1]
-                a = b = 0
-                if typ in (FRAME_WINDOW, FRAME_COMPRESSED):
-                    if avail < 6:
-                        need = 6
-                        break
-                    a = U32.unpack_from(data, p + 2)[0]
-                elif typ in (FRAME_JSON, FRAME_DATA):
-                    need = 10
-                    break
-
-            if typ == FRAME_JSON and remaining and not top and b <= max_frame and p + 10 + b <= end:
-                # The common case, a run of whole J frames inside an inflated C payload,
-                # in a tight loop; anything unusual is left to the general one below.
-                first = len(events)
-                while True:
-                    q = p + 10 + b
-                    append((a, data[p + 10 : q]))  # type: ignore[arg-type]
-                    p = q
-                    remaining -= 1
-                    if not remaining or end - p < 10:
-                        break
-                    next_ver, typ, a, b = unpack10(data, p)
-                    if typ != FRAME_JSON or next_ver != ver or b > max_frame or p + 10 + b > end:
-                        break
-                seq = max(map(_SEQ, events[first:]))
-                if seq > highest:
-                    highest = seq
-                if not remaining:
-                    ready.append(Window(win_version - 0x30, win_size, events, highest, True))
-                    events = []
-                    append = events.append
-                continue
-
+                ver, typ, a = HEADER6.unpack_from(data, p)
+                b = 0
             if typ == FRAME_JSON:  # seq = a, length = b
-                if b > max_frame:
-                    raise RemoteProtocolError(f"J frame of {b} bytes (limit {max_frame})")
-                q = p + 10 + b
-                if q > end:
-                    need = 10 + b
-                    break
-                if not remaining:
-                    if not sticky:
-                        raise RemoteProtocolError("data frame before any W frame")
-                    win_version = ver
-                    win_size = remaining = sticky
-                    highest = 0
-                if top:  # the receive buffer: copy the payload out of the bytearray
-                    append((a, bytes(data[p + 10 : q])))
-                else:  # an inflated payload is bytes already: slice it
-                    append((a, data[p + 10 : q]))  # type: ignore[arg-type]
-                if a > highest:
-                    highest = a
-                p = q
-                remaining -= 1
-                if not remaining:
-                    ready.append(Window(win_version - 0x30, win_size, events, highest, True))
-                    events = []
-                    append = events.append
-                    if top:
-                        break
-
+                q = self._json_run(data, p, end, ver, a, b, top)
             elif typ == FRAME_COMPRESSED:  # length = a
-                if depth >= limits.max_depth:
-                    raise RemoteProtocolError(f"C frames nested deeper than {limits.max_depth}")
-                if a > max_frame:
-                    raise RemoteProtocolError(f"C frame of {a} bytes (limit {max_frame})")
-                q = p + 6 + a
-                if q > end:
-                    need = 6 + a
-                    break
-                inflated = self._inflate(data, p + 6, q)
-                self._events = events
-                self._remaining = remaining
-                self._highest = highest
-                self._win_version = win_version
-                self._win_size = win_size
-                self._parse(inflated, 0, len(inflated), depth + 1)
-                events = self._events
-                append = events.append
-                remaining = self._remaining
-                highest = self._highest
-                win_version = self._win_version
-                win_size = self._win_size
-                sticky = self._sticky
-                p = q
-                if top and ready:
-                    break
-
+                q = self._compressed(data, p, end, a, depth)
             elif typ == FRAME_WINDOW:  # size = a
-                if a > limits.max_window:
-                    raise RemoteProtocolError(f"window of {a} events (limit {limits.max_window})")
-                if remaining:  # flush the partial window
-                    ready.append(Window(win_version - 0x30, win_size, events, highest, False))
-                    events = []
-                    append = events.append
-                    remaining = 0
-                if a:
-                    sticky = self._sticky = a
-                    win_version = ver
-                    win_size = remaining = a
-                    highest = 0
-                else:  # a liveness probe: answered at once, the sticky size is kept
-                    ready.append(Window(ver - 0x30, 0, [], 0, True))
-                p += 6
-                if top and ready:
-                    break
-
+                self._window(ver, a)
+                q = p + 6
             elif typ == FRAME_DATA:  # seq = a, pairs = b
-                if b > max_frame >> 3:
-                    raise RemoteProtocolError(f"D frame of {b} pairs (limit {max_frame} bytes)")
-                scan = self._dscan if top else None
-                r, blobs = scan if scan is not None else (10, 2 * b)
-                r, blobs, dneed = _scan_data_frame(data, p, end, r, blobs, max_frame)
-                if dneed:
-                    if top:
-                        self._dscan = (r, blobs)
-                    need = dneed
-                    break
-                self._dscan = None
-                if not remaining:
-                    if not sticky:
-                        raise RemoteProtocolError("data frame before any W frame")
-                    win_version = ver
-                    win_size = remaining = sticky
-                    highest = 0
-                append((a, _decode_data_frame(data, p + 10, b)))
-                if a > highest:
-                    highest = a
-                p += r
-                remaining -= 1
-                if not remaining:
-                    ready.append(Window(win_version - 0x30, win_size, events, highest, True))
-                    events = []
-                    append = events.append
-                    if top:
-                        break
-
+                q = self._data(data, p, end, ver, a, b, top)
             else:
                 raise _bad_type(typ)
-
-        self._events = events
-        self._remaining = remaining
-        self._highest = highest
-        self._win_version = win_version
-        self._win_size = win_size
+            if q < 0:
+                need = -q
+                break
+            p = q
+            if top and ready:
+                break
         if top:
             self._need = need
         elif p != end:
             raise RemoteProtocolError("a frame is cut short at the end of a C frame")
         return p
+
+    def _json_run(
+        self, data: bytes | bytearray, p: int, end: int, ver: int, seq: int, n: int, top: bool
+    ) -> int:
+        """The ``J`` frame at ``p`` and the whole ``J`` frames of its version after it.
+
+        Stops at the end of the window, at any other frame or at a frame not
+        all here, which the general loop then reads. At the top the payload is
+        copied out of the receive buffer; an inflated payload is bytes already.
+        """
+        max_frame = self.limits.max_frame
+        if n > max_frame:
+            raise RemoteProtocolError(f"J frame of {n} bytes (limit {max_frame})")
+        q = p + 10 + n
+        if q > end:
+            return -(10 + n)
+        remaining = self._remaining or self._open_sticky(ver)
+        events = self._events
+        append = events.append
+        first = len(events)
+        unpack10 = HEADER10.unpack_from
+        while True:
+            append((seq, bytes(data[p + 10 : q]) if top else data[p + 10 : q]))  # type: ignore[arg-type]
+            p = q
+            remaining -= 1
+            if not remaining or end - p < 10:
+                break
+            next_ver, typ, seq, n = unpack10(data, p)
+            if typ != FRAME_JSON or next_ver != ver or n > max_frame:
+                break
+            q = p + 10 + n
+            if q > end:
+                break
+        highest = max(map(_SEQ, events[first:]))
+        if highest > self._highest:
+            self._highest = highest
+        self._remaining = remaining
+        if not remaining:
+            self._flush(True)
+        return p
+
+    def _data(
+        self, data: bytes | bytearray, p: int, end: int, ver: int, seq: int, pairs: int, top: bool
+    ) -> int:
+        """The ``D`` frame at ``p`` (its length fields resume where a short read left them)."""
+        max_frame = self.limits.max_frame
+        if pairs > max_frame >> 3:
+            raise RemoteProtocolError(f"D frame of {pairs} pairs (limit {max_frame} bytes)")
+        scan = self._dscan if top else None
+        r, blobs = scan if scan is not None else (10, 2 * pairs)
+        r, blobs, need = _scan_data_frame(data, p, end, r, blobs, max_frame)
+        if need:
+            if top:
+                self._dscan = (r, blobs)
+            return -need
+        self._dscan = None
+        if not self._remaining:
+            self._open_sticky(ver)
+        self._events.append((seq, _decode_data_frame(data, p + 10, pairs)))
+        if seq > self._highest:
+            self._highest = seq
+        self._remaining -= 1
+        if not self._remaining:
+            self._flush(True)
+        return p + r
+
+    def _compressed(self, data: bytes | bytearray, p: int, end: int, size: int, depth: int) -> int:
+        """The ``C`` frame at ``p``: inflated (within the limits) and parsed to its end."""
+        limits = self.limits
+        if depth >= limits.max_depth:
+            raise RemoteProtocolError(f"C frames nested deeper than {limits.max_depth}")
+        if size > limits.max_frame:
+            raise RemoteProtocolError(f"C frame of {size} bytes (limit {limits.max_frame})")
+        q = p + 6 + size
+        if q > end:
+            return -(6 + size)
+        inflated = self._inflate(data, p + 6, q)
+        self._parse(inflated, 0, len(inflated), depth + 1)
+        return q
+
+    def _window(self, ver: int, size: int) -> None:
+        """A ``W`` frame: flush a partial window, then start one (``W 0``: answer at once)."""
+        if size > self.limits.max_window:
+            raise RemoteProtocolError(f"window of {size} events (limit {self.limits.max_window})")
+        if self._remaining:
+            self._flush(False)
+        if size:
+            self._sticky = self._win_size = self._remaining = size
+            self._win_version = ver
+            self._highest = 0
+        else:  # a liveness probe: answered at once, the sticky size is kept
+            self._ready.append(Window(ver - 0x30, 0, [], 0, True))
+
+    def _open_sticky(self, ver: int) -> int:
+        """A data frame with no window open starts one of the last ``W``'s size."""
+        if not self._sticky:
+            raise RemoteProtocolError("data frame before any W frame")
+        self._win_version = ver
+        self._win_size = self._remaining = self._sticky
+        self._highest = 0
+        return self._sticky
+
+    def _flush(self, complete: bool) -> None:
+        """The window being received is ready: whole, or cut short by a new ``W``."""
+        version = self._win_version - 0x30
+        self._ready.append(Window(version, self._win_size, self._events, self._highest, complete))
+        self._events = []
+        self._remaining = 0
 
     def _inflate(self, data: bytes | bytearray, start: int, stop: int) -> bytes:
         """Inflate the zlib stream ``data[start:stop]``, refusing to exceed the bound."""
@@ -514,68 +505,106 @@ class ServerCodec(_Receiver):
         return b"".join(parts)
 
 
-class ClientCodec(_Receiver):
-    """The writer side of one Lumberjack connection: windows out, acks in.
+class ClientCodec:
+    """The writer side of one Lumberjack connection: windows out, acks matched to them.
 
-    Only ``A`` frames carrying this codec's version byte are accepted; matching
-    acks to the windows in flight (and refusing an ack beyond them) is the
-    driver's job, since a driver may also send windows built elsewhere.
+    :meth:`send_window` (or :meth:`window_sent`, for a window encoded
+    elsewhere) puts a window in flight; :meth:`next_event` matches each ``A``
+    frame to the oldest window in flight and returns a
+    :class:`~protocols.lumberjack.events.Progress`. An ``A`` frame of another
+    version, with no window in flight (but ``A 0``) or beyond the window is
+    a :class:`~gateway.errors.RemoteProtocolError`.
     """
 
     def __init__(self, version: int = 2) -> None:
         if version not in (1, 2):
             raise ValueError(f"Lumberjack version must be 1 or 2, not {version!r}")
-        super().__init__()
         self.version = version
         self._version_byte = version + 0x30
+        self._state = State.OPEN
+        self._buffer = ReceiveBuffer()
+        #: ``[size, events acked]`` of each window in flight, oldest first.
+        self._inflight: deque[list[int]] = deque()
 
     @property
     def state(self) -> State:
         return self._state
 
+    @property
+    def windows_in_flight(self) -> int:
+        """Windows sent and not yet acked whole."""
+        return len(self._inflight)
+
+    @property
+    def events_in_flight(self) -> int:
+        """Events sent and not yet acked."""
+        return sum(size - acked for size, acked in self._inflight)
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Add received bytes; ``b""`` means the peer closed its sending side."""
+        self._buffer.feed(data)
+
     def send_window(self, payloads: Sequence[bytes], *, compression_level: int = 3) -> bytes:
-        """``W n`` + one ``C`` of ``J`` frames numbered 1..n (level 0: bare ``J``)."""
+        """``W n`` + one ``C`` of ``J`` frames numbered 1..n (level 0: bare ``J``), in flight."""
+        wire = encode_window(self.version, payloads, compression_level)
+        self.window_sent(len(payloads))
+        return wire
+
+    def window_sent(self, size: int) -> None:
+        """A window of ``size`` events numbered 1..size, encoded elsewhere, is in flight."""
         if self._state is State.ERROR:
             raise LocalProtocolError("the connection is in the ERROR state")
-        return encode_window(self.version, payloads, compression_level)
+        self._inflight.append([size, 0])
 
-    def next_event(self) -> Ack | ConnectionClosed | _NeedData:
-        """The next :class:`Ack`, :class:`ConnectionClosed`, or :data:`NEED_DATA`."""
+    def next_event(self) -> Progress | ConnectionClosed | NeedData:
+        """The next :class:`Progress`, :class:`ConnectionClosed`, or :data:`NEED_DATA`."""
         if self._state is State.ERROR:
             raise LocalProtocolError("the connection is in the ERROR state")
         if self._state is State.CLOSED:
             return ConnectionClosed()
-        buf = self._buf
-        pos = self._pos
-        avail = len(buf) - pos
-        if avail >= 1 and buf[pos] != self._version_byte:
-            self._fail()
-            byte = buf[pos]
+        buf = self._buffer
+        data = buf.data
+        pos = buf.pos
+        avail = len(data) - pos
+        if avail >= 1 and data[pos] != self._version_byte:
+            byte = data[pos]
             if byte in _VERSION_NAMES:
-                raise RemoteProtocolError(
+                self._fail(
                     f"ack with version {_VERSION_NAMES[byte]} on a v{self.version} connection"
                 )
-            raise _bad_version(byte)
-        if avail >= 2 and buf[pos + 1] != FRAME_ACK:
-            typ = buf[pos + 1]
-            self._fail()
-            raise RemoteProtocolError(f"a reader may only send A frames, not {typ:#04x}")
+            self._fail(str(_bad_version(byte)))
+        if avail >= 2 and data[pos + 1] != FRAME_ACK:
+            self._fail(f"a reader may only send A frames, not {data[pos + 1]:#04x}")
         if avail >= 6:
-            seq = U32.unpack_from(buf, pos + 2)[0]
-            pos += 6
-            if pos > len(buf) >> 1:
-                del buf[:pos]
-                pos = 0
-            self._pos = pos
-            return Ack(self.version, seq)
-        if self._eof:
+            seq = U32.unpack_from(data, pos + 2)[0]
+            buf.advance(pos + 6)
+            return self._match(seq)
+        if buf.eof:
             self._state = State.CLOSED
-            self._buf = bytearray()
-            self._pos = 0
+            buf.discard()
             return ConnectionClosed()
         return NEED_DATA
 
-    def _fail(self) -> None:
+    def _match(self, seq: int) -> Progress:
+        """What ``A seq`` means for the oldest window in flight."""
+        inflight = self._inflight
+        if not inflight:
+            if not seq:
+                return Progress(0, 0, False)  # a keepalive while nothing is in flight
+            self._fail(f"ack {seq} with no window in flight")
+        head = inflight[0]
+        size, acked = head
+        if seq > size:
+            self._fail(f"ack {seq} beyond the window of {size} events")
+        if seq == size:
+            inflight.popleft()
+            return Progress(seq, seq - acked, True)
+        if seq <= acked:
+            return Progress(seq, 0, False)
+        head[1] = seq
+        return Progress(seq, seq - acked, False)
+
+    def _fail(self, message: str) -> NoReturn:
         self._state = State.ERROR
-        self._buf = bytearray()
-        self._pos = 0
+        self._buffer.discard()
+        raise RemoteProtocolError(message)

@@ -3,15 +3,19 @@
 A server codec turns the frames a Beats-style writer sends into whole
 :class:`Window` events (one per acknowledgeable window, never one per data
 frame, so the per-event cost stays at one tuple) and answers them with
-:class:`Ack`. A client codec turns the reader's ``A`` frames into :class:`Ack`
-events. :class:`ConnectionClosed` marks the end of input on either side.
+:class:`Ack`. A client codec matches the reader's ``A`` frames to the windows
+it sent and says what each one means with a :class:`Progress`.
+:class:`ConnectionClosed` (the toolkit's, shared by every protocol) marks the
+end of input on either side.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Ack", "ConnectionClosed", "Event", "Window"]
+from gateway.protocol import ConnectionClosed
+
+__all__ = ["Ack", "ConnectionClosed", "Event", "Progress", "Window"]
 
 
 class Event:
@@ -54,5 +58,18 @@ class Ack(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class ConnectionClosed(Event):
-    """The peer closed its side; no event follows (a partial window was dropped)."""
+class Progress(Event):
+    """What one ``A`` frame means for the oldest window in flight (the client side).
+
+    Windows are numbered 1..n, so ``seq`` also counts the window's events
+    acknowledged so far: its events ``[seq - acked : seq]`` are the newly
+    acknowledged ones. ``acked == 0`` is a keepalive (``A 0``) or a repeated ack.
+    """
+
+    #: The ``A`` frame's sequence number.
+    seq: int
+    #: Events newly acknowledged by this frame.
+    acked: int
+    #: The window is acknowledged whole and no longer in flight: the next ``A``
+    #: frame answers the next window.
+    window_done: bool

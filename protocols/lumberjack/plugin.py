@@ -27,7 +27,7 @@ from . import Limits, Window
 from .client import ClientSettings, forward
 from .mapping import beats_metadata, enrichment, to_messages
 from .metrics import ClientMetrics, ServerMetrics
-from .server import ServerSettings, serve_connection
+from .server import ServerSession, ServerSettings
 
 __all__ = ["LumberjackPlugin"]
 
@@ -105,10 +105,8 @@ class LumberjackPlugin(ProtocolPlugin):
         enrich = o["enrich"] == "headers"
         destination = conn.listener.destination
         hub = conn.hub
-        pending = 0
 
         async def sink(window: Window) -> Receipt:
-            nonlocal pending
             source = conn.source()
             messages = to_messages(
                 window.events,
@@ -118,25 +116,20 @@ class LumberjackPlugin(ProtocolPlugin):
                 validate=validate,
                 extra_headers=enrichment(source) if enrich else None,
             )
-            pending += 1
             return await hub.publish(messages)
 
-        def acked(_: Window) -> None:
-            # Pending until the ack is on the wire, not merely owed: the idle
-            # watchdog must never close a connection between the two.
-            nonlocal pending
-            pending -= 1
-
-        conn.pending = lambda: pending > 0
-        await serve_connection(
+        session = ServerSession(
             conn.stream,
             sink,
             settings,
             logger=conn.log,
             shutdown=conn.shutdown,
-            on_ack=acked,
             metrics=server_metrics(conn.metrics, conn.listener.name),
         )
+        # Pending until each ack is on the wire, not merely owed: the idle
+        # watchdog must never close a connection between the two.
+        conn.pending = session.pending
+        await session.serve()
 
     async def run_upstream(self, ctx: UpstreamContext) -> None:
         o = ctx.options
@@ -230,4 +223,3 @@ def _version() -> str:
         return importlib.metadata.version("interchange")
     except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a bare tree
         return "0"
-

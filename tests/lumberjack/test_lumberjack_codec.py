@@ -33,6 +33,7 @@ from protocols.lumberjack import (
     ClientCodec,
     ConnectionClosed,
     Limits,
+    Progress,
     ServerCodec,
     State,
     Window,
@@ -206,10 +207,16 @@ def test_golden_vector_split_at_every_byte(name: str) -> None:
     ],
 )
 def test_golden_ack(ack: Ack, wire: bytes) -> None:
-    assert ServerCodec().send(ack) == wire
+    server = ServerCodec()
+    one = (w(ack.version, 1) + d(ack.version, ack.seq, {})) if ack.seq else w(ack.version, 0)
+    server.receive_data(one)
+    drain(server)  # one window whose highest sequence is ack.seq: the ack it awaits
+    assert server.send(ack) == wire
     assert encode_ack(ack.version, ack.seq) == wire
     for chunks in splits(wire + wire):
         client = ClientCodec(version=ack.version)
+        client.window_sent(ack.seq)  # two windows of ack.seq events in flight
+        client.window_sent(ack.seq)
         events: list[Any] = []
         for chunk in chunks:
             if chunk:
@@ -217,7 +224,8 @@ def test_golden_ack(ack: Ack, wire: bytes) -> None:
                 events += drain(client)
         client.receive_data(b"")
         events += drain(client)
-        assert events == [ack, ack, ConnectionClosed()]
+        done = Progress(ack.seq, ack.seq, True)
+        assert events == [done, done, ConnectionClosed()]
 
 
 # -- the probe table (research/lumberjack.md §4) --------------------------------------------
@@ -450,6 +458,113 @@ def test_send_validates() -> None:
         encode_ack(2, -1)
 
 
+# -- what the server may send (h11-style state checks) ---------------------------------
+
+
+def returned(*streams: bytes) -> ServerCodec:
+    """A server codec that returned every window of ``streams`` (fed in one piece)."""
+    server = ServerCodec()
+    server.receive_data(b"".join(streams))
+    drain(server)
+    return server
+
+
+def test_an_ack_needs_a_window_that_awaits_it() -> None:
+    with pytest.raises(LocalProtocolError, match="no window awaits"):
+        ServerCodec().send(Ack(2, 0))
+    # A window that is only partly received (or parsed but not returned) awaits nothing.
+    server = returned(w(2, 2) + j(2, 1, b"{}"))
+    with pytest.raises(LocalProtocolError, match="no window awaits"):
+        server.send(Ack(2, 1))
+    server = returned(w(2, 1) + j(2, 7, b"{}"))
+    assert server.send(Ack(2, 7)) == b"2A\x00\x00\x00\x07"
+    with pytest.raises(LocalProtocolError, match="no window awaits"):
+        server.send(Ack(2, 7))  # acked already
+
+
+def test_an_ack_has_its_window_version_and_stays_within_it() -> None:
+    server = returned(w(1, 2) + d(1, 3, {}) + d(1, 5, {}))
+    with pytest.raises(LocalProtocolError, match="version 1"):
+        server.send(Ack(2, 5))
+    with pytest.raises(LocalProtocolError, match="highest sequence 5"):
+        server.send(Ack(1, 6))
+    # A refused ack changes nothing: the window still awaits its own.
+    assert server.send(Ack(1, 5)) == b"1A\x00\x00\x00\x05"
+
+
+def test_acks_answer_the_returned_windows_in_order() -> None:
+    server = returned(w(2, 1) + j(2, 9, b"{}"), w(1, 1) + d(1, 4, {}), w(2, 0))
+    with pytest.raises(LocalProtocolError, match="version 2"):
+        server.send(Ack(1, 4))  # the second window's ack, too early
+    assert server.send(Ack(2, 9)) == encode_ack(2, 9)
+    with pytest.raises(LocalProtocolError):
+        server.send(Ack(2, 0))  # the second window is v1
+    assert server.send(Ack(1, 4)) == encode_ack(1, 4)
+    assert server.send(Ack(2, 0)) == encode_ack(2, 0)  # W 0 is acked by A 0 ...
+    with pytest.raises(LocalProtocolError, match="no window awaits"):
+        server.send(Ack(2, 0))  # ... once
+
+
+def test_a_0_is_a_keepalive_for_a_window_with_events() -> None:
+    server = returned(w(2, 3) + j(2, 1, b"{}") + j(2, 2, b"{}") + j(2, 3, b"{}"))
+    for _ in range(3):
+        assert server.send(Ack(2, 0)) == b"2A\x00\x00\x00\x00"  # acks nothing
+    assert server.send(Ack(2, 2)) == encode_ack(2, 2)  # a partial ack: still awaiting
+    assert server.send(Ack(2, 3)) == encode_ack(2, 3)
+    with pytest.raises(LocalProtocolError):
+        server.send(Ack(2, 0))
+    # A window whose highest sequence is 0 is acked by A 0 (it can have no keepalive).
+    server = returned(w(2, 2) + j(2, 0, b"{}") + j(2, 0, b"[]"))
+    assert server.send(Ack(2, 0)) == encode_ack(2, 0)
+    with pytest.raises(LocalProtocolError):
+        server.send(Ack(2, 0))
+
+
+def test_a_returned_window_stays_ackable_after_bad_input_or_the_end_of_input() -> None:
+    server = ServerCodec()
+    server.receive_data(w(2, 1) + j(2, 3, b"{}") + w(2, 2) + j(2, 4, b"{}") + b"9W")
+    first = server.next_event()
+    with pytest.raises(RemoteProtocolError):
+        server.next_event()  # the second window, partly received, is dropped
+    assert server.state is State.ERROR
+    assert isinstance(first, Window)
+    assert server.send(Ack(2, first.highest_seq)) == encode_ack(2, 3)
+    with pytest.raises(LocalProtocolError, match="no window awaits"):
+        server.send(Ack(2, 4))
+    server = returned(w(2, 1) + j(2, 3, b"{}") + w(2, 2) + j(2, 4, b"{}"))
+    server.receive_data(b"")
+    assert drain(server) == [ConnectionClosed()]
+    assert server.send(Ack(2, 3)) == encode_ack(2, 3)
+    with pytest.raises(LocalProtocolError, match="no window awaits"):
+        server.send(Ack(2, 4))  # the window cut by the end of input is never acked
+
+
+_window_specs = st.lists(
+    st.tuples(st.sampled_from([1, 2]), st.lists(st.integers(0, 6), max_size=3)), max_size=5
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(specs=_window_specs, acks=st.lists(st.tuples(st.sampled_from([1, 2]), st.integers(0, 7))))
+def test_send_accepts_exactly_the_acks_a_model_allows(
+    specs: list[tuple[int, list[int]]], acks: list[tuple[int, int]]
+) -> None:
+    stream = b"".join(
+        w(v, len(seqs)) + b"".join(d(v, seq, {}) for seq in seqs) for v, seqs in specs
+    )
+    server = returned(stream)
+    awaiting = [(v, max(seqs, default=0)) for v, seqs in specs]  # the model
+    for version, seq in acks:
+        allowed = bool(awaiting) and awaiting[0][0] == version and seq <= awaiting[0][1]
+        if not allowed:
+            with pytest.raises(LocalProtocolError):
+                server.send(Ack(version, seq))
+            continue
+        assert server.send(Ack(version, seq)) == encode_ack(version, seq)
+        if seq == awaiting[0][1]:
+            awaiting.pop(0)
+
+
 def test_windows_are_returned_one_per_call_and_the_buffer_compacts() -> None:
     one = w(2, 1) + j(2, 1, b"x" * 100)
     server = ServerCodec()
@@ -457,9 +572,9 @@ def test_windows_are_returned_one_per_call_and_the_buffer_compacts() -> None:
     for _ in range(50):
         assert isinstance(server.next_event(), Window)
         assert not server._ready  # parsed lazily: one window per call
-        assert server._pos <= len(server._buf) // 2  # consumed bytes are dropped
+        assert server._buffer.pos <= len(server._buffer.data) // 2  # consumed bytes are dropped
     assert server.next_event() is NEED_DATA
-    assert len(server._buf) <= len(one)
+    assert len(server._buffer.data) <= len(one)
 
 
 def test_a_big_frame_in_small_pieces_is_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -572,13 +687,180 @@ def test_client_rejects_bad_acks(version: int, wire: bytes, match: str) -> None:
 
 def test_client_eof() -> None:
     client = ClientCodec()
+    client.send_window([b"{}"] * 7)
     client.receive_data(b"2A\x00\x00\x00\x07" + b"2A\x00")
     client.receive_data(b"")
-    assert drain(client) == [Ack(2, 7), ConnectionClosed()]
+    assert drain(client) == [Progress(7, 7, True), ConnectionClosed()]
     assert client.next_event() == ConnectionClosed()
     assert client.state is State.CLOSED
     with pytest.raises(ValueError, match="version"):
         ClientCodec(version=3)
+
+
+# -- the client matches acks to its windows ----------------------------------------
+
+
+def acks(version: int, *seqs: int) -> bytes:
+    return b"".join(struct.pack(">BBI", 0x30 + version, ord("A"), seq) for seq in seqs)
+
+
+def matched(client: ClientCodec, wire: bytes) -> list[Any]:
+    client.receive_data(wire)
+    return drain(client)
+
+
+def test_client_golden_acks() -> None:
+    assert acks(2, 1, 2048) == b"2A\x00\x00\x00\x01" + b"2A\x00\x00\x08\x00"
+    client = ClientCodec()
+    client.send_window([b"{}"] * 2048, compression_level=0)
+    assert matched(client, b"2A\x00\x00\x00\x01" + b"2A\x00\x00\x08\x00") == [
+        Progress(1, 1, False),
+        Progress(2048, 2047, True),
+    ]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_client_partial_repeated_and_full_acks(version: int) -> None:
+    client = ClientCodec(version=version)
+    client.send_window([b"{}"] * 5)
+    assert (client.windows_in_flight, client.events_in_flight) == (1, 5)
+    wire = acks(version, 1, 1, 0, 4, 2, 5)
+    assert matched(client, wire) == [
+        Progress(1, 1, False),
+        Progress(1, 0, False),  # repeated: nothing new
+        Progress(0, 0, False),  # a keepalive
+        Progress(4, 3, False),  # events [1:4] of the window
+        Progress(2, 0, False),  # older than what was acked: nothing new
+        Progress(5, 1, True),
+    ]
+    assert (client.windows_in_flight, client.events_in_flight) == (0, 0)
+    assert matched(client, acks(version, 0)) == [Progress(0, 0, False)]  # idle keepalive
+
+
+def test_client_acks_are_matched_to_pipelined_windows_in_order() -> None:
+    client = ClientCodec()
+    client.send_window([b"{}"] * 3)
+    client.send_window([b"{}"] * 2)
+    client.send_window([])  # W 0: acked by A 0
+    assert client.events_in_flight == 5
+    assert matched(client, acks(2, 2)) == [Progress(2, 2, False)]
+    assert client.events_in_flight == 3
+    assert matched(client, acks(2, 3, 2, 0)) == [
+        Progress(3, 1, True),
+        Progress(2, 2, True),
+        Progress(0, 0, True),
+    ]
+    assert client.windows_in_flight == 0
+
+
+def test_client_window_sent_is_a_window_encoded_elsewhere() -> None:
+    client = ClientCodec(version=1)
+    wire = encode_window(1, [b"{}"] * 3)  # encoded once, sent twice
+    client.window_sent(3)
+    client.window_sent(3)
+    assert summary(feed([wire + wire])) == [(1, 3, True), (1, 3, True)]
+    assert matched(client, acks(1, 3, 3)) == [Progress(3, 3, True)] * 2
+
+
+@pytest.mark.parametrize(
+    ("wire", "match"),
+    [
+        (acks(2, 1), "no window in flight"),
+        (acks(2, 0, 0, 4), "no window in flight"),
+    ],
+)
+def test_client_refuses_an_ack_with_no_window_in_flight(wire: bytes, match: str) -> None:
+    client = ClientCodec()
+    with pytest.raises(RemoteProtocolError, match=match):
+        matched(client, wire)
+    assert client.state is State.ERROR
+    with pytest.raises(LocalProtocolError):
+        client.next_event()
+    with pytest.raises(LocalProtocolError):
+        client.window_sent(1)
+
+
+def test_client_refuses_an_ack_beyond_the_oldest_window() -> None:
+    client = ClientCodec()
+    client.send_window([b"{}"] * 2)
+    client.send_window([b"{}"] * 5)
+    with pytest.raises(RemoteProtocolError, match="beyond the window of 2 events"):
+        matched(client, acks(2, 1, 3))  # 3 would fit the second window, not the first
+    assert client.state is State.ERROR
+    with pytest.raises(LocalProtocolError):
+        client.send_window([b"{}"])
+
+
+def test_client_matching_split_at_every_byte() -> None:
+    wire = acks(2, 0, 2, 2, 3, 0, 1, 4)
+    expected = [
+        Progress(0, 0, False),
+        Progress(2, 2, False),
+        Progress(2, 0, False),
+        Progress(3, 1, True),
+        Progress(0, 0, False),
+        Progress(1, 1, False),
+        Progress(4, 3, True),
+        ConnectionClosed(),
+    ]
+    for chunks in splits(wire):
+        client = ClientCodec()
+        client.send_window([b"{}"] * 3)
+        client.send_window([b"{}"] * 4)
+        events: list[Any] = []
+        for chunk in chunks:
+            if chunk:
+                events += matched(client, chunk)
+        client.receive_data(b"")
+        events += drain(client)
+        assert events == expected, [len(chunk) for chunk in chunks]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 6), max_size=4),
+    seqs=st.lists(st.integers(0, 7), max_size=12),
+    cuts=st.lists(st.integers(0, 80), max_size=5),
+)
+def test_client_matching_follows_a_model_in_any_chunks(
+    sizes: list[int], seqs: list[int], cuts: list[int]
+) -> None:
+    # The model: windows in flight as [size, acked]; an error ends the stream.
+    inflight = [[size, 0] for size in sizes]
+    expected: list[Any] = []
+    for seq in seqs:
+        if not inflight:
+            if seq:
+                expected.append(RemoteProtocolError)
+                break
+            expected.append(Progress(0, 0, False))
+            continue
+        size, done = inflight[0]
+        if seq > size:
+            expected.append(RemoteProtocolError)
+            break
+        if seq == size:
+            inflight.pop(0)
+            expected.append(Progress(seq, seq - done, True))
+        else:
+            expected.append(Progress(seq, max(seq - done, 0), False))
+            inflight[0][1] = max(done, seq)
+    client = ClientCodec()
+    for size in sizes:
+        client.send_window([b"{}"] * size, compression_level=0)
+    events: list[Any] = []
+    try:
+        for chunk in _chunked(acks(2, *seqs), cuts):
+            if chunk:
+                client.receive_data(chunk)
+                while (event := client.next_event()) is not NEED_DATA:
+                    events.append(event)
+    except RemoteProtocolError:
+        events.append(RemoteProtocolError)
+        assert client.state is State.ERROR
+    assert events == expected
+    if RemoteProtocolError not in expected:
+        assert client.events_in_flight == sum(size - done for size, done in inflight)
 
 
 # -- limits ----------------------------------------------------------------------------
@@ -742,7 +1024,7 @@ def _run(make: Callable[[], ServerCodec | ClientCodec], chunks: list[bytes]) -> 
         for chunk in [*[chunk for chunk in chunks if chunk], b""]:
             codec.receive_data(chunk)
             for event in drain(codec):
-                assert isinstance(event, Window | Ack | ConnectionClosed)
+                assert isinstance(event, Window | Progress | ConnectionClosed)
     except RemoteProtocolError:
         assert codec.state is State.ERROR
         return

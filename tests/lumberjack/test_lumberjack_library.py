@@ -212,3 +212,38 @@ async def test_open_server_over_mutual_tls_reports_the_client_identity(
             batch.ack()
             assert await sending.finished_within(5)
             assert sending.result == 1
+
+
+async def test_a_batch_acked_just_before_a_failed_one_still_gets_its_ack() -> None:
+    """Acks owed before a refused window go out before the connection closes."""
+    async with server() as srv:
+        stream = await trio.open_tcp_stream("127.0.0.1", srv.port)
+        one = b'{"n":1}'
+        window = struct.pack(">BBI", 0x32, ord("W"), 1)
+        frames = [window + struct.pack(">BBII", 0x32, ord("J"), s, len(one)) + one for s in (7, 8)]
+        await stream.send_all(b"".join(frames))
+        first, second = await next_batch(srv), await next_batch(srv)
+        first.ack()  # settled together, before the server's writer runs
+        second.fail("disk full")
+        data = b""
+        with trio.fail_after(5):
+            while chunk := await stream.receive_some():
+                data += chunk
+        assert data == b"2A\x00\x00\x00\x07"
+        await stream.aclose()
+
+
+async def test_a_window_whose_highest_sequence_is_0_gets_no_keepalive() -> None:
+    """Its ack is ``A 0``: a keepalive ``A 0`` would ack it before the application did."""
+    async with server(settings=ServerSettings(keepalive=0.05)) as srv:
+        stream = await trio.open_tcp_stream("127.0.0.1", srv.port)
+        one = b'{"n":1}'
+        window = struct.pack(">BBI", 0x32, ord("W"), 1)
+        await stream.send_all(window + struct.pack(">BBII", 0x32, ord("J"), 0, len(one)) + one)
+        batch = await next_batch(srv)
+        with trio.move_on_after(0.3):
+            pytest.fail(f"sent before the batch was acked: {await stream.receive_some()!r}")
+        batch.ack()
+        with trio.fail_after(5):
+            assert await stream.receive_some() == b"2A\x00\x00\x00\x00"
+        await stream.aclose()
