@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import trio
+from interchange_ndjson import Deliver, NdjsonConnection
 
 from . import Result
 from ._gateway import RunningGateway
@@ -23,8 +24,17 @@ __all__ = [
     "Driven",
     "add_cpu_metrics",
     "check_gateway",
+    "delivered",
     "measure",
 ]
+
+
+def delivered(codec: NdjsonConnection, tag: int, destination: str, *, call: bool = False) -> None:
+    """``codec`` (a client subscribed to ``destination``) receives the delivery ``tag``,
+    so that it may ack or reply to it: for checking templates against the codec."""
+    line = b'{"op":"msg","tag":%d,"dest":"%s","body":"","call":%s}\n'
+    codec.receive_data(line % (tag, destination.encode(), b"true" if call else b"false"))
+    assert type(codec.next_event()) is Deliver
 
 
 @dataclass(frozen=True, slots=True)

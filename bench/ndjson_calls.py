@@ -48,7 +48,7 @@ from interchange_ndjson.events import (
 
 from . import Result, int_at_least, register
 from ._gateway import RunningGateway, run_gateway
-from ._ndjson import add_cpu_metrics, check_gateway, measure
+from ._ndjson import add_cpu_metrics, check_gateway, delivered, measure
 from .ndjson_pubsub import (
     LISTENER,
     RECEIVE_SIZE,
@@ -115,18 +115,25 @@ class Templates:
         self.padding = b"x" * (size - SEQ_DIGITS)
         self.seq = b"%%0%dd" % SEQ_DIGITS
         codec = NdjsonConnection(CLIENT)
+        codec.send(Subscribe(SERVICE, GROUP))
         # The timeout as the codec writes it (5, not 5.0), cut out of a real line.
         timeout_json = codec.send(Call(b"", SERVICE, timeout=timeout)).rsplit(b":", 1)[1][:-2]
         self.call_head = b'{"op":"call","id":%d,"dest":"' + SERVICE.encode() + b'","body":"'
         self.call_tail = self.padding + b'","timeout":' + timeout_json + b"}\n"
         #: ``% (tag, body)``; bodies are digits and ``x``, which JSON takes as they are.
         self.reply = b'{"op":"reply","tag":%d,"body":"%s"}\n'
+        #: ``% tag``: the answer to a delivery that is not what was called.
+        self.failed = b'{"op":"reply","tag":%d,"code":13}\n'
         for n in (1, 987_654_321):
             expected = codec.send(Call(self.body(n), SERVICE, {}, None, n, timeout))
             if self.calls([n]) != expected:
                 raise AssertionError(f"call template gives {self.calls([n])!r}, not {expected!r}")
+            delivered(codec, n, SERVICE, call=True)  # the codec replies only to a call
             if self.reply % (n, self.body(n)) != codec.send(ReplyTo(n, self.body(n))):
                 raise AssertionError("reply template differs from the codec's reply line")
+            delivered(codec, n, SERVICE, call=True)
+            if self.failed % n != codec.send(ReplyTo(n, code=13)):
+                raise AssertionError("failed-reply template differs from the codec's line")
 
     def body(self, n: int) -> bytes:
         return self.seq % n + self.padding
@@ -257,9 +264,17 @@ class Load:
         """
         codec = NdjsonConnection(CLIENT)
         sub = Subscribe(SERVICE, GROUP, None, self.window)
-        await stream.send_all(codec.send(sub) + codec.send(Ping()))
+        # Replies go out as templates, so the codec that parses the deliveries must not
+        # hold the subscription: it would count each delivery as unsettled.
+        sender = NdjsonConnection(CLIENT)
+        await stream.send_all(sender.send(sub) + sender.send(Ping()))
         started = False
-        reply, served, size = self.templates.reply, self.served, self.size
+        reply, failed, served, size = (
+            self.templates.reply,
+            self.templates.failed,
+            self.served,
+            self.size,
+        )
         padding, timeout = self.templates.padding, self.timeout
         while True:
             data = await stream.receive_some(RECEIVE_SIZE)
@@ -285,9 +300,9 @@ class Load:
                         or event.reply_within > timeout
                         or event.redelivered
                     ):
-                        # Answered anyway (as the codec writes it), so nothing waits for it.
+                        # Answered anyway (code 13, no body), so nothing waits for it.
                         self.bad_deliveries += 1
-                        replies.append(codec.send(ReplyTo(event.tag, body, code=13)))
+                        replies.append(failed % event.tag)
                         continue
                     replies.append(reply % (event.tag, body))
                     if served[n]:

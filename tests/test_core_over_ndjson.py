@@ -9,8 +9,10 @@ consumers, and plain topics that do not hold publishers when nobody listens.
 
 from __future__ import annotations
 
+import functools
+import json
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,6 +22,7 @@ from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
 from interchange_ndjson.events import Deliver, End, Publish, Published, Replied
 
+from gateway.errors import LocalProtocolError
 from gateway.filters import Filter
 from gateway.model import Reply
 from gateway.runtime import Gateway
@@ -328,3 +331,229 @@ async def test_a_configured_group_collects_before_its_first_member() -> None:
             await pager.ack(*[d.tag for d in got])
             answers = await pub.wait_answers(ids)
         assert [a.status for a in answers] == ["delivered", "delivered"]
+
+
+# -- the driver itself: drains, protocol errors, unsubscribing, the upstream's clock -------
+
+
+async def read_to_close(stream: trio.abc.Stream) -> list[bytes]:
+    """Every line ``stream`` receives until the gateway closes it."""
+    data = b""
+    with trio.fail_after(5):
+        while chunk := await stream.receive_some():
+            data += chunk
+    return data.splitlines()
+
+
+async def raw(gateway: Gateway) -> trio.abc.Stream:
+    return await trio.open_tcp_stream(*host_port(gateway.addresses["nd"][0]))
+
+
+async def test_while_draining_acks_are_read_and_new_work_is_refused() -> None:
+    async with running_gateway(config()) as gw, client(gw) as sub, client(gw) as pub:
+        await sub.subscribe("logs", window=10)
+        await trio.sleep(0.05)
+        [first] = await pub.publish_nowait([b"before"])
+        (d,) = await deliveries(sub, 1)
+        gw.shutdown()
+        await trio.sleep(0.05)
+        # A new publish is answered at once, and not published.
+        late = await pub.publish(b"after")
+        assert (late.status, late.reason) == ("failed", "the gateway is shutting down")
+        # The delivery made before still settles, and so does its publish.
+        await sub.ack(d.tag)
+        [answer] = await pub.wait_answers([first])
+        assert answer.status == "delivered"
+        # Nothing is owed any more: the gateway closes both connections.
+        with pytest.raises(trio.BrokenResourceError), trio.fail_after(5):
+            await sub.receive()
+    assert gw.drained_cleanly is True
+
+
+async def test_a_subscribe_while_draining_is_refused_with_an_error_line() -> None:
+    """A connection stays while it holds an unacked delivery; a new ``sub`` on it is
+    refused (a connection that owes nothing closes as the drain starts)."""
+    async with running_gateway(config()) as gw, client(gw) as pub:
+        stream = await raw(gw)
+        await stream.send_all(b'{"op":"sub","dest":"logs"}\n{"op":"ping"}\n')
+        with trio.fail_after(5):
+            assert await stream.receive_some() == b'{"op":"pong"}\n'
+        await pub.publish_nowait([b"held"])
+        with trio.fail_after(5):
+            assert (await stream.receive_some()).startswith(b'{"op":"msg","tag":1,')
+        gw.shutdown()
+        await trio.sleep(0.05)
+        await stream.send_all(b'{"op":"sub","dest":"more"}\n')
+        assert await read_to_close(stream) == [
+            b'{"op":"error","error":"the gateway is shutting down"}'
+        ]
+
+
+async def test_a_protocol_error_is_the_last_line_and_closes_at_once() -> None:
+    """Publishes still in flight are not answered after the error line (nor awaited:
+    their publisher sends them again), and no more deliveries follow it."""
+    cfg = config(destinations=[{"name": "held", "kind": "queue"}])
+    async with running_gateway(cfg) as gw, client(gw) as pub:
+        stream = await raw(gw)
+        await stream.send_all(
+            b'{"op":"sub","dest":"logs","window":1000}\n{"op":"ping"}\n'
+            b'{"op":"pub","id":1,"dest":"held","body":"kept until consumed"}\n'
+        )
+        assert await stream.receive_some() == b'{"op":"pong"}\n'
+        await pub.publish_nowait([b"m%d" % i for i in range(200)])
+        await stream.send_all(b"not json\n")
+        lines = await read_to_close(stream)
+        assert lines[-1].startswith(b'{"op":"error","error":"invalid JSON')
+        assert all(line.startswith(b'{"op":"msg"') for line in lines[:-1]), lines[:-1]
+        # The publish it made is kept by the queue, for a consumer.
+        async with client(gw) as consumer:
+            await consumer.subscribe("held")
+            (d,) = await deliveries(consumer, 1)
+            assert d.body == b"kept until consumed"
+
+
+async def test_unsubscribing_while_deliveries_flow_leaves_the_connection_usable() -> None:
+    """The pump of a subscription left while its deliveries are written stops at once,
+    and the connection goes on; deliveries written before the ``unsub`` was read may
+    still arrive, and the client refuses to ack them (the gateway forgot them)."""
+    body = b"x" * 5000  # 300 of them are more than the writer's high-water mark
+    async with running_gateway(config()) as gw, client(gw) as sub, client(gw) as pub:
+        ids = []
+        for _ in range(3):  # 900 messages: the topic holds at most 1000 for the next one
+            await sub.subscribe("logs", window=1000)
+            await trio.sleep(0.05)
+            ids += await pub.publish_nowait([body] * 300)
+            (first,) = await deliveries(sub, 1)
+            await sub.unsubscribe("logs")
+            await sub.subscribe("other")
+            await sub.unsubscribe("other")
+            with trio.move_on_after(0.3):
+                while True:
+                    late = await sub.receive()
+                    assert isinstance(late, Deliver)
+                    with pytest.raises(LocalProtocolError):
+                        await sub.ack(late.tag)
+            with pytest.raises(LocalProtocolError):
+                await sub.ack(first.tag)
+        # The topic kept what nobody acked for its next subscriber: this one.
+        await sub.subscribe("logs", window=1000)
+        async with trio.open_nursery() as nursery:
+
+            async def consume() -> None:
+                while True:
+                    d = await sub.receive()
+                    assert isinstance(d, Deliver)
+                    await sub.ack(d.tag)
+
+            nursery.start_soon(consume)
+            with trio.fail_after(10):
+                answers = await pub.wait_answers(ids)
+            nursery.cancel_scope.cancel()
+        assert {a.status for a in answers} == {"delivered"}
+
+
+class FakeServer:
+    """An ndjson server that records the ``pub`` lines each connection sends and answers
+    them as ``answer(connection number, line)`` says (None: not at all)."""
+
+    def __init__(self, answer: Callable[[int, dict[str, Any]], bytes | None]) -> None:
+        self.answer = answer
+        self.connections: list[list[dict[str, Any]]] = []
+        self.open = 0
+        self.changed = trio.Event()
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        lines: list[dict[str, Any]] = []
+        self.connections.append(lines)
+        number = len(self.connections)
+        self.open += 1
+        self._changed()
+        buf = b""
+        try:
+            while data := await stream.receive_some():
+                buf += data
+                *complete, buf = buf.split(b"\n")
+                for line in complete:
+                    obj = json.loads(line)
+                    lines.append(obj)
+                    self._changed()
+                    reply = self.answer(number, obj)
+                    if reply is not None:
+                        await stream.send_all(reply)
+        except trio.BrokenResourceError:
+            pass
+        finally:
+            self.open -= 1
+            self._changed()
+
+    def _changed(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def until(self, done: Callable[[], bool]) -> None:
+        with trio.fail_after(5):
+            while not done():
+                await self.changed.wait()
+
+
+@asynccontextmanager
+async def relay_to(server: FakeServer, timeout: str) -> AsyncIterator[Gateway]:
+    """A gateway whose ``logs`` go to an ndjson upstream served by ``server``."""
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, server.handle, 0, host="127.0.0.1")
+        )
+        port = listeners[0].socket.getsockname()[1]
+        upstream = {
+            "name": "fake",
+            "protocol": "ndjson",
+            "connect": f"127.0.0.1:{port}",
+            "timeout": timeout,
+            "backoff_initial": "20ms",
+            "backoff_max": "50ms",
+        }
+        cfg = config(upstreams=[upstream], routes=[{"from": "logs", "to": ["upstream:fake"]}])
+        async with running_gateway(cfg) as gw:
+            yield gw
+        nursery.cancel_scope.cancel()
+
+
+def ack(obj: dict[str, Any], status: str = "delivered") -> bytes:
+    return json.dumps({"op": "ack", "id": obj["id"], "status": status}).encode() + b"\n"
+
+
+async def test_the_upstream_reconnects_and_resends_when_acks_stop() -> None:
+    server = FakeServer(lambda number, obj: None if number == 1 else ack(obj))
+    async with relay_to(server, "200ms") as gw, client(gw) as pub:
+        answer = await pub.publish(b"once more")
+        assert answer.status == "delivered"
+        first, second = server.connections[:2]
+        assert [o["body"] for o in first] == [b"once more".decode()]  # never acked
+        assert [o["body"] for o in second] == ["once more"]
+
+
+async def test_the_upstream_ack_clock_runs_only_while_a_publish_waits() -> None:
+    server = FakeServer(lambda number, obj: ack(obj))
+    async with relay_to(server, "100ms") as gw, client(gw) as pub:
+        await server.until(lambda: server.open == 1)
+        await trio.sleep(0.4)  # idle for longer than the timeout: kept
+        for body in (b"a", b"b"):
+            assert (await pub.publish(body)).status == "delivered"
+            await trio.sleep(0.25)
+        assert len(server.connections) == 1
+        assert server.open == 1
+
+
+async def test_the_upstream_reconnects_on_an_error_line_and_settles_by_status() -> None:
+    def answer(number: int, obj: dict[str, Any]) -> bytes:
+        if number == 1:
+            return b'{"op":"error","error":"not today"}\n'
+        return ack(obj, "rejected" if obj["body"] == "bad" else "delivered")
+
+    server = FakeServer(answer)
+    async with relay_to(server, "5s") as gw, client(gw) as pub:
+        ok = await pub.publish(b"good")
+        bad = await pub.publish(b"bad")
+        assert ok.status == "delivered"
+        assert bad.status == "rejected"
+        assert len(server.connections) == 2

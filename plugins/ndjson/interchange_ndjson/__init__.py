@@ -1,8 +1,10 @@
 """Newline-delimited JSON for Interchange: a sans-IO codec and its trio driver.
 
 The codec (:class:`NdjsonConnection` and the events in
-:mod:`interchange_ndjson.events`) imports no I/O library; the plugin in
-:mod:`interchange_ndjson.plugin` drives it over a stream for the gateway.
+:mod:`interchange_ndjson.events`) imports no I/O library; its ``NEED_DATA``
+and ``ConnectionClosed`` are those of :mod:`gateway.protocol`, shared by every
+protocol. The plugin in :mod:`interchange_ndjson.plugin` drives it over a
+stream for the gateway as :class:`gateway.protocol.Session` subclasses.
 """
 
 from .codec import CLIENT, NEED_DATA, SERVER, NdjsonConnection

@@ -1,7 +1,10 @@
 """A small async ndjson client on trio: publish with acks, subscribe, ack.
 
 For scripts, tests and the benchmark. One task may publish and one may
-receive at a time; answers to publishes are matched by id.
+receive at a time; answers to publishes are matched by id. The codec refuses
+(``LocalProtocolError``, nothing sent) what its state does not allow: acking
+a tag that was not delivered or is settled, replying to a delivery that is not
+a call, ``credit``/``unsub`` without a subscription, subscribing twice.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from collections.abc import Mapping
 
 import trio
 
-from gateway.errors import RemoteProtocolError
+from gateway.errors import LocalProtocolError, RemoteProtocolError
 from gateway.filters import Filter
 
 from .codec import CLIENT, NEED_DATA, NdjsonConnection
@@ -37,6 +40,8 @@ from .events import (
 
 __all__ = ["NdjsonClient"]
 
+RECEIVE_SIZE = 65536
+
 
 class NdjsonClient:
     """A client connection; use ``async with await NdjsonClient.connect(...)``."""
@@ -49,7 +54,7 @@ class NdjsonClient:
         self._deliveries: deque[Deliver | End] = deque()
         self._changed = trio.lowlevel.ParkingLot()
         self._reading = False
-        self._closed_error: BaseException | None = None
+        self._closed: BaseException | None = None
         self._send_lock = trio.Lock()
 
     @classmethod
@@ -65,9 +70,22 @@ class NdjsonClient:
     async def aclose(self) -> None:
         await self.stream.aclose()
 
-    async def _send(self, event: Event) -> None:
+    async def _send(self, *events: Event) -> None:
+        """Send ``events`` in order, encoded under the lock so the codec's state follows
+        the wire. If the codec refuses one, those before it are still sent."""
         async with self._send_lock:
-            await self.stream.send_all(self.codec.send(event))
+            out = bytearray()
+            refused = None
+            for event in events:
+                try:
+                    out += self.codec.send(event)
+                except LocalProtocolError as e:
+                    refused = e
+                    break
+            if out:
+                await self.stream.send_all(out)
+            if refused is not None:
+                raise refused
 
     # -- publishing -------------------------------------------------------------
     async def publish(
@@ -93,16 +111,9 @@ class NdjsonClient:
         content_type: str | None = None,
     ) -> list[int]:
         """Send publishes without waiting for answers; return their ids."""
-        ids = []
-        out = bytearray()
-        for body in bodies:
-            ident = next(self._ids)
-            ids.append(ident)
-            out += self.codec.send(
-                Publish(body, destination, dict(headers or {}), content_type, ident)
-            )
-        async with self._send_lock:
-            await self.stream.send_all(out)
+        ids = [next(self._ids) for _ in bodies]
+        fields = (destination, dict(headers or {}), content_type)
+        await self._send(*(Publish(b, *fields, i) for b, i in zip(bodies, ids, strict=True)))
         return ids
 
     async def wait_answers(self, ids: list[int]) -> list[Published]:
@@ -180,38 +191,40 @@ class NdjsonClient:
         return self._deliveries.popleft()
 
     async def ack(self, *tags: int) -> None:
-        out = b"".join(self.codec.send(Ack(t)) for t in tags)
-        async with self._send_lock:
-            await self.stream.send_all(out)
+        await self._send(*(Ack(t) for t in tags))
 
     async def nack(self, tag: int, *, requeue: bool = True) -> None:
         await self._send(Nack(tag, requeue))
 
     # -- reading ----------------------------------------------------------------
     async def _pump(self) -> None:
-        """Read once (or wait for the task that is reading) and sort the events."""
-        if self._closed_error is not None:
-            raise self._closed_error
+        """Read once (or wait for the task that is reading) and sort what arrived."""
+        if self._closed is not None:
+            raise self._closed
         if self._reading:
             await self._changed.park()
             return
         self._reading = True
         try:
-            data = await self.stream.receive_some(65536)
-            self.codec.receive_data(data)
+            self.codec.receive_data(await self.stream.receive_some(RECEIVE_SIZE))
             while (event := self.codec.next_event()) is not NEED_DATA:
-                if isinstance(event, Published | Replied):
-                    self._answers[event.id] = event  # type: ignore[index]
-                elif isinstance(event, Deliver | End):
-                    self._deliveries.append(event)
-                elif isinstance(event, Error):
-                    self._closed_error = RemoteProtocolError(event.message)
-                elif isinstance(event, ConnectionClosed):
-                    self._closed_error = self._closed_error or trio.BrokenResourceError(
-                        "the gateway closed the connection"
-                    )
+                self._sort(event)
+        except RemoteProtocolError as e:  # a line the codec refused
+            self._closed = e
         finally:
             self._reading = False
             self._changed.unpark_all()
-        if self._closed_error is not None and not self._deliveries:
-            raise self._closed_error
+        if self._closed is not None and not self._deliveries:
+            raise self._closed
+
+    def _sort(self, event: object) -> None:
+        if isinstance(event, Published | Replied):
+            self._answers[event.id] = event  # type: ignore[index]
+        elif isinstance(event, Deliver | End):
+            self._deliveries.append(event)
+        elif isinstance(event, Error):
+            self._closed = RemoteProtocolError(event.message)
+        elif isinstance(event, ConnectionClosed):
+            self._closed = self._closed or trio.BrokenResourceError(
+                "the gateway closed the connection"
+            )

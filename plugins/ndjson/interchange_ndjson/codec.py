@@ -2,17 +2,36 @@
 
 Feed received bytes to :meth:`NdjsonConnection.receive_data` (``b""`` means
 the peer closed), then call :meth:`NdjsonConnection.next_event` until it
-returns :data:`NEED_DATA`. :meth:`NdjsonConnection.send` turns an event into
-the bytes to write. Lines are found in one ``bytearray`` with a read offset
-and a "searched up to" mark, so a long line arriving in small pieces is
-scanned once; consumed bytes are dropped only when they are half the buffer.
+returns :data:`~gateway.protocol.NEED_DATA`; a
+:class:`~gateway.protocol.ConnectionClosed` follows the last line once the
+peer closed. :meth:`NdjsonConnection.send` turns an event into the bytes to
+write. Lines are found in a :class:`~gateway.protocol.ReceiveBuffer`, which
+remembers how far it searched, so a long line arriving in small pieces is
+scanned once.
 
 A line longer than ``max_line`` bytes, invalid JSON, or an event the peer's
 role may not send is a :class:`~gateway.errors.RemoteProtocolError`; the
 connection is then in the ``ERROR`` state and the driver answers with an
-``error`` line and closes. Sending an event this role may not send, or one
-the peer would refuse (an empty batch, a call timeout out of range), is a
-:class:`~gateway.errors.LocalProtocolError`.
+``error`` line and closes. Sending an event this role may not send, one its
+state does not allow, or one the peer would refuse (an empty batch, a call
+timeout out of range) is a :class:`~gateway.errors.LocalProtocolError`.
+
+The state, in the manner of h11, is what each side may still send:
+
+* a client may ``ack``/``nack`` only a delivery it received and has not
+  settled, and ``reply`` only to such a delivery that is a call; it may send
+  ``credit``/``unsub`` only for a destination it subscribed (and that has not
+  ended), and ``sub`` only for one it has not;
+* a server may send ``msg``/``end`` only for a destination the client
+  subscribed, and ``ack``/``reply`` only while a publish or call awaits its
+  answer (counted, since ids may repeat or be null).
+
+What it remembers is bounded by the protocol: per subscription, at most its
+``window`` unsettled deliveries (a server that delivers more has broken the
+protocol), plus the window of an earlier subscription to the same
+destination whose last deliveries may still be on the way after ``unsub``.
+A delivery for a destination not subscribed (after ``unsub``) is returned but
+not remembered: the server has forgotten it too, so it cannot be settled.
 
 The role picks the parser, which is how ``ack`` and ``reply`` mean different
 things in each direction: from a client they answer a delivery by ``tag``,
@@ -30,11 +49,11 @@ from typing import Any, Final
 
 from gateway.errors import LocalProtocolError, RemoteProtocolError
 from gateway.filters import Filter
+from gateway.protocol import NEED_DATA, ConnectionClosed, NeedData, ReceiveBuffer
 
 from .events import (
     Ack,
     Call,
-    ConnectionClosed,
     Credit,
     Deliver,
     End,
@@ -73,15 +92,6 @@ class Role(enum.Enum):
 
 CLIENT: Final = Role.CLIENT
 SERVER: Final = Role.SERVER
-
-
-class _NeedData:
-    def __repr__(self) -> str:
-        return "NEED_DATA"
-
-
-#: Returned by ``next_event`` when a whole line has not arrived yet.
-NEED_DATA: Final = _NeedData()
 
 #: 1 MiB: one debug message per line is rarely bigger; raise it per listener.
 DEFAULT_MAX_LINE = 1024 * 1024
@@ -124,6 +134,19 @@ _CLIENT_SENDS = (
     Ping,
 )
 _SERVER_SENDS = (Published, Replied, Deliver, End, Pong, Error)
+#: Tuples, not unions: ``isinstance`` with a union is several times slower.
+_SETTLES = (Ack, Nack, ReplyTo)
+_BY_DESTINATION = (Credit, Unsubscribe, Deliver, End)
+
+
+class _Subscription:
+    """A subscription a client sent: its deliveries not settled yet, and how many may be."""
+
+    __slots__ = ("limit", "unsettled")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.unsettled = 0
 
 
 class NdjsonConnection:
@@ -133,72 +156,163 @@ class NdjsonConnection:
         self.role = role
         self.max_line = max_line
         self.state = State.OPEN
-        self._buf = bytearray()
-        self._start = 0
-        self._searched = 0
-        self._eof = False
-        self._parse = _parse_client_line if role is SERVER else _parse_server_line
+        self._buf = ReceiveBuffer()
+        server = role is SERVER
+        self._parse = _parse_client_line if server else _parse_server_line
+        self._received = self._server_received if server else self._client_received
+        self._sending = self._server_sending if server else self._client_sending
+        self._allowed = _SERVER_SENDS if server else _CLIENT_SENDS
+        # Client: subscriptions by destination, unsettled deliveries by tag (those
+        # that are calls in _calls), and the windows of subscriptions left by unsub.
+        self._subs: dict[str, _Subscription] = {}
+        self._tags: dict[int, _Subscription] = {}
+        self._calls: set[int] = set()
+        self._left: dict[str, int] = {}
+        # Server: destinations the client subscribed; publishes and calls unanswered.
+        self._subscribed: set[str] = set()
+        self._publishes = 0
+        self._callers = 0
 
     # -- input ----------------------------------------------------------------
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Add received bytes; ``b""`` means the peer closed its sending side."""
-        if self._eof and data:
-            raise LocalProtocolError("data received after end of input")
-        if data:
-            self._buf += data
-        else:
-            self._eof = True
+        self._buf.feed(data)
 
-    def next_event(self) -> Event | _NeedData:
+    def next_event(self) -> Event | ConnectionClosed | NeedData:
         """Parse and return the next event, or :data:`NEED_DATA`."""
-        if self.state is State.ERROR:
-            raise LocalProtocolError("the connection is in the ERROR state")
-        if self.state is State.CLOSED:
+        if self.state is not State.OPEN:
+            if self.state is State.ERROR:
+                raise LocalProtocolError("the connection is in the ERROR state")
             return NEED_DATA
         buf = self._buf
         while True:
-            nl = buf.find(b"\n", max(self._start, self._searched))
+            start = buf.pos
+            nl = buf.find(b"\n")
             if nl < 0:
-                pending = len(buf) - self._start
-                if pending > self.max_line:
+                if len(buf) > self.max_line:
                     return self._fail(f"line longer than {self.max_line} bytes")
-                self._searched = len(buf)
-                if self._eof:
-                    if pending and buf[self._start :].strip():
+                if buf.eof:
+                    if buf.data[start:].strip():
                         return self._fail("connection closed in the middle of a line")
                     self.state = State.CLOSED
                     return ConnectionClosed()
                 return NEED_DATA
-            if nl - self._start > self.max_line:
+            if nl - start > self.max_line:
                 return self._fail(f"line longer than {self.max_line} bytes")
-            line = bytes(buf[self._start : nl]).rstrip(b"\r")
-            self._start = nl + 1
-            self._searched = self._start
-            if self._start > len(buf) // 2:
-                del buf[: self._start]
-                self._start = self._searched = 0
+            line = bytes(buf.data[start:nl]).rstrip(b"\r")
+            buf.advance(nl + 1)
             if not line.strip():
                 continue
             try:
-                return self._parse(line)
+                event = self._parse(line)
+                self._received(event)
             except RemoteProtocolError as e:
                 return self._fail(str(e))
+            return event
 
     def _fail(self, message: str) -> Event:
         self.state = State.ERROR
+        self._buf.discard()
         raise RemoteProtocolError(message)
 
     # -- output ---------------------------------------------------------------
     def send(self, event: Event) -> bytes:
-        """The bytes for ``event``, which this role must be allowed to send."""
-        allowed = _CLIENT_SENDS if self.role is CLIENT else _SERVER_SENDS
-        if not isinstance(event, allowed):
+        """The bytes for ``event``, which this role and the state must allow."""
+        if not isinstance(event, self._allowed):
             raise LocalProtocolError(f"a {self.role.value} cannot send {type(event).__name__}")
         if self.state is State.ERROR and not isinstance(event, Error):
             raise LocalProtocolError("the connection is in the ERROR state")
+        data = _dump(_to_object(event))
+        self._sending(event)  # last: a refused event changes nothing
         if isinstance(event, Error):
             self.state = State.ERROR
-        return _dump(_to_object(event))
+        return data
+
+    # -- state: client ----------------------------------------------------------
+    def _client_received(self, event: Event) -> None:
+        if type(event) is Deliver:
+            sub = self._subs.get(event.destination)
+            if sub is None:
+                return  # not subscribed (left with unsub): the server forgot it too
+            if sub.unsettled >= sub.limit:
+                raise RemoteProtocolError(
+                    f"more unsettled deliveries for {event.destination!r} than its window"
+                )
+            tags = self._tags
+            known = len(tags)
+            tags[event.tag] = sub
+            if len(tags) == known:
+                raise RemoteProtocolError(f"tag {event.tag} delivered again before it was settled")
+            sub.unsettled += 1
+            if event.call:
+                self._calls.add(event.tag)
+        elif type(event) is End:
+            # Its deliveries may still be settled; the destination may be subscribed again.
+            self._subs.pop(event.destination, None)
+
+    def _client_sending(self, event: Event) -> None:
+        if isinstance(event, _SETTLES):
+            tag = event.tag
+            if isinstance(event, ReplyTo) and tag not in self._calls:
+                raise LocalProtocolError(
+                    f"the delivery {tag} is not a call"
+                    if tag in self._tags
+                    else f"no unsettled delivery has the tag {tag}"
+                )
+            sub = self._tags.pop(tag, None)
+            if sub is None:
+                raise LocalProtocolError(f"no unsettled delivery has the tag {tag}")
+            sub.unsettled -= 1
+            if self._calls:
+                self._calls.discard(tag)
+        elif isinstance(event, Subscribe):
+            if event.destination in self._subs:
+                raise LocalProtocolError(f"already subscribed to {event.destination!r}")
+            self._subs[event.destination] = _Subscription(
+                event.window + self._left.pop(event.destination, 0)
+            )
+        elif isinstance(event, _BY_DESTINATION):
+            sub = self._subs.get(event.destination)
+            if sub is None:
+                raise LocalProtocolError(f"not subscribed to {event.destination!r}")
+            if isinstance(event, Unsubscribe):
+                # The server forgets its deliveries; more may still arrive (not kept).
+                del self._subs[event.destination]
+                self._left[event.destination] = sub.limit
+                self._tags = {t: s for t, s in self._tags.items() if s is not sub}
+                self._calls.intersection_update(self._tags)
+
+    # -- state: server ----------------------------------------------------------
+    def _server_received(self, event: Event) -> None:
+        kind = type(event)
+        if kind is Publish or kind is PublishMany:
+            self._publishes += 1
+        elif kind is Call:
+            self._callers += 1
+        elif isinstance(event, Subscribe):
+            self._subscribed.add(event.destination)
+        elif isinstance(event, Unsubscribe):
+            self._subscribed.discard(event.destination)
+
+    def _server_sending(self, event: Event) -> None:
+        if isinstance(event, Published):
+            # A call without a reply is answered by an ``ack`` too: take publishes first,
+            # so a ``reply`` is never refused while a call awaits its answer.
+            if self._publishes:
+                self._publishes -= 1
+            elif self._callers:
+                self._callers -= 1
+            else:
+                raise LocalProtocolError("no publish or call awaits an answer")
+        elif isinstance(event, _BY_DESTINATION):
+            if event.destination not in self._subscribed:
+                raise LocalProtocolError(f"the client is not subscribed to {event.destination!r}")
+            if isinstance(event, End):
+                self._subscribed.remove(event.destination)
+        elif isinstance(event, Replied):
+            if not self._callers:
+                raise LocalProtocolError("no call awaits a reply")
+            self._callers -= 1
 
 
 # -- parsing ------------------------------------------------------------------------
@@ -206,10 +320,14 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+#: Built once: ``json.loads`` with a non-default argument builds a decoder per call.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def _load(line: bytes) -> Any:
     """Strict JSON from one UTF-8 line (no UTF-16/32 sniffing, no NaN, bounded depth)."""
     try:
-        return json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
+        return _DECODER.decode(line.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise RemoteProtocolError(f"invalid JSON: {e}") from None
 

@@ -5,8 +5,8 @@ Client to server: :class:`Publish`, :class:`PublishMany`, :class:`Call`,
 :class:`Ack`, :class:`Nack`, :class:`Ping`.
 Server to client: :class:`Published` (with an :class:`ItemResult` per message
 when it answers a :class:`PublishMany`), :class:`Replied`, :class:`Deliver`,
-:class:`End`, :class:`Pong`, :class:`Error`. :class:`ConnectionClosed` marks
-the end of input.
+:class:`End`, :class:`Pong`, :class:`Error`. The end of input is the
+:class:`~gateway.protocol.ConnectionClosed` every codec shares, re-exported here.
 
 Two ops name a line in both directions, with different fields: ``ack``
 (:class:`Ack` by ``tag`` from a client, :class:`Published` by ``id`` from the
@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gateway.filters import Filter
+from gateway.protocol import ConnectionClosed
 
 __all__ = [
     "Ack",
@@ -233,8 +234,3 @@ class Error(Event):
     """``{"op":"error"}``: the sender found a protocol error and will close."""
 
     message: str
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionClosed(Event):
-    """The peer closed its side; no event follows."""
