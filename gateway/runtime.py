@@ -406,7 +406,7 @@ class Gateway:
                     await state.plugin.serve(conn)
                     nursery.cancel_scope.cancel()
             except* ProtocolError as eg:
-                errors.inc()
+                # The peer's fault, not a fault of ours: each protocol counts its own.
                 plog.warning("[%s %s] protocol error: %s; closing", ls.name, peer, first_leaf(eg))
             except* trio.TooSlowError as eg:
                 errors.inc()
