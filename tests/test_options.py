@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from test_config import config_errors
+from test_config import write as write_config
 
-from gateway.config import Config, ConfigError, load
+from gateway.config import Config, load
 from gateway.options import REQUIRED, Option
 from gateway.plugin import ProtocolPlugin, Role
 from gateway.registry import Registered, Registry, default_registry
@@ -113,22 +114,11 @@ def registry() -> Registry:
     return Registry(protocols=protocols, transports=default_registry().transports)
 
 
-# -- helpers (as in test_config) --------------------------------------------------------
+# -- helpers ------------------------------------------------------------------------------
 
 
 def write(folder: Path, text: str, name: str = "gw.toml") -> Path:
-    path = folder / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(text), encoding="utf-8")
-    return path
-
-
-def config_errors(path: Path, registry: Registry) -> list[str]:
-    with pytest.raises(ConfigError) as info:
-        load(path, registry=registry)
-    errors = info.value.errors
-    assert str(info.value) == "\n".join(errors)
-    return errors
+    return write_config(folder, text, name)
 
 
 def only_error(path: Path, registry: Registry) -> str:

@@ -132,65 +132,58 @@ async def test_concurrent_clients_share_at_most_pool_size_upstream_connections()
         nursery.cancel_scope.cancel()
 
 
-async def test_a_listener_reaches_only_upstreams_of_its_own_protocol() -> None:
-    seen: list[ServerConnection] = []
+class Grabbing(ToyLinePlugin):
+    """Keeps the ServerConnection of each client instead of serving it."""
 
-    class Grabbing(ToyLinePlugin):
-        async def serve(self, conn: ServerConnection) -> None:
-            seen.append(conn)
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[ServerConnection] = []
 
+    async def serve(self, conn: ServerConnection) -> None:
+        self.seen.append(conn)
+
+
+async def a_connection(config: dict[str, Any], registry: Any) -> ServerConnection:
+    """What ``serve`` gets for one client of the ``proxy`` listener."""
     server = LineServer()
     async with trio.open_nursery() as nursery:
         await server.serve(nursery)
-        config = proxy_config(server.port)
-        config["upstreams"].append(
-            {"name": "other", "protocol": "ndjson", "connect": f"127.0.0.1:{server.port}"}
-        )
-        from gateway.registry import Registry, default_registry
-
-        base = registered(Grabbing)
-        registry = Registry(
-            {**base.protocols, "ndjson": default_registry().protocols["ndjson"]},
-            base.transports,
-        )
+        config["upstreams"][0]["connect"] = f"127.0.0.1:{server.port}"
         async with running_gateway(config, registry=registry) as gw:
             stream = await trio.open_tcp_stream(*host_port(gw.addresses["proxy"][0]))
+            plugin = gw.plugins["toyline"]
+            assert isinstance(plugin, Grabbing)
             with trio.fail_after(5):
-                while not seen:
+                while not plugin.seen:
                     await trio.sleep(0.01)
             await stream.aclose()
-            [conn] = seen
-            assert conn.upstream("caps").name == "caps"
-            with pytest.raises(LookupError, match=r"no toyline upstream named 'other'"):
-                conn.upstream("other")
-            with pytest.raises(LookupError, match=r"configured: caps"):
-                conn.upstream("nope")
         nursery.cancel_scope.cancel()
+    return plugin.seen[0]
+
+
+async def test_a_listener_reaches_only_upstreams_of_its_own_protocol() -> None:
+    from gateway.registry import Registry, default_registry
+
+    config = proxy_config(0)
+    config["upstreams"].append({"name": "other", "protocol": "ndjson", "connect": "127.0.0.1:9"})
+    base = registered(Grabbing)
+    registry = Registry(
+        {**base.protocols, "ndjson": default_registry().protocols["ndjson"]}, base.transports
+    )
+    conn = await a_connection(config, registry)
+    assert conn.upstream("caps").name == "caps"
+    with pytest.raises(LookupError, match=r"no toyline upstream named 'other'"):
+        conn.upstream("other")
+    with pytest.raises(LookupError, match=r"configured: caps"):
+        conn.upstream("nope")
 
 
 async def test_protocols_see_the_hub_facade_not_the_hub() -> None:
-    seen: list[ServerConnection] = []
-
-    class Grabbing(ToyLinePlugin):
-        async def serve(self, conn: ServerConnection) -> None:
-            seen.append(conn)
-
-    server = LineServer()
-    async with trio.open_nursery() as nursery:
-        await server.serve(nursery)
-        async with running_gateway(proxy_config(server.port), registry=registered(Grabbing)) as gw:
-            stream = await trio.open_tcp_stream(*host_port(gw.addresses["proxy"][0]))
-            with trio.fail_after(5):
-                while not seen:
-                    await trio.sleep(0.01)
-            await stream.aclose()
-            hub = seen[0].hub
-            for name in ("publish", "call", "subscribe", "info"):
-                assert callable(getattr(hub, name))
-            for name in ("close", "destination", "run", "wait_idle", "router"):
-                assert not hasattr(hub, name), name
-            assert hub.info("logs").kind == "topic"
-        nursery.cancel_scope.cancel()
+    hub = (await a_connection(proxy_config(0), registered(Grabbing))).hub
+    for name in ("publish", "call", "subscribe", "info"):
+        assert callable(getattr(hub, name))
+    for name in ("close", "destination", "run", "wait_idle", "router"):
+        assert not hasattr(hub, name), name
 
 
 # -- lifecycle ------------------------------------------------------------------------------
