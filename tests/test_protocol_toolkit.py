@@ -32,6 +32,7 @@ from gateway.protocol import (
     Answers,
     ConnectionClosed,
     LocalProtocolError,
+    NotKept,
     ReceiveBuffer,
     RemoteProtocolError,
     Session,
@@ -362,6 +363,8 @@ class Toy(Session):
         self.unacked = 0
         self.drained_at: float | None = None
         self.ended_input = False
+        #: What :meth:`ended_by` saw (``serve`` only).
+        self.ends: list[BaseException] = []
 
     async def handle(self, event: Any) -> None:
         self.events.append(event)
@@ -377,6 +380,8 @@ class Toy(Session):
             def answer(receipt: Receipt) -> bytes:
                 if arg == b"boom":
                     raise ValueError("the answer function broke")
+                if arg == b"lost":
+                    raise NotKept("pub lost was not kept; closing without an answer")
                 word = b"ok" if receipt.outcome == Outcome.DELIVERED else b"no"
                 return word + b" " + arg + b"\n"
 
@@ -396,6 +401,9 @@ class Toy(Session):
 
     def end_of_input(self) -> None:
         self.ended_input = True
+
+    def ended_by(self, error: Exception) -> None:
+        self.ends.append(error)
 
     def draining(self) -> None:
         self.drained_at = trio.current_time()
@@ -815,3 +823,42 @@ async def test_pending(autojump_clock: MockClock) -> None:
         assert not session.pending()
         session.unacked = 1
         assert session.pending(), "busy() counts"
+
+
+# -- serve(): what the peer's side ends a connection with is logged, not raised ------------
+
+
+@pytest.mark.parametrize(
+    ("lines", "kind", "logged"),
+    [
+        (b"bad\n", RemoteProtocolError, "protocol error: a bad line; closing"),
+        (b"pub lost\n", NotKept, "pub lost was not kept; closing without an answer"),
+        (b"ask\n", trio.TooSlowError, "no reply to ask; closing"),
+    ],
+)
+async def test_serve_logs_what_the_peer_ended_the_connection_with(
+    autojump_clock: MockClock,
+    caplog: pytest.LogCaptureFixture,
+    lines: bytes,
+    kind: type[BaseException],
+    logged: str,
+) -> None:
+    ours, theirs = trio.testing.memory_stream_pair()
+    session = Toy(ours)
+    session.settle_at_once = True
+    await theirs.send_all(lines)
+    with caplog.at_level(logging.WARNING, logger="test.toy"), trio.fail_after(100):
+        await session.serve()  # returns: nothing propagates
+    [end] = session.ends
+    assert isinstance(end, kind)
+    assert [r.getMessage() for r in caplog.records] == [logged]
+
+
+async def test_serve_lets_a_fault_of_ours_propagate(autojump_clock: MockClock) -> None:
+    ours, theirs = trio.testing.memory_stream_pair()
+    session = Toy(ours)
+    session.settle_at_once = True
+    await theirs.send_all(b"pub boom\n")
+    with pytest.RaisesGroup(pytest.RaisesExc(ValueError, match="answer function broke")):
+        await session.serve()
+    assert session.ends == []

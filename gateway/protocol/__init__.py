@@ -24,11 +24,11 @@ from .events import NEED_DATA, ConnectionClosed, NeedData
 
 if TYPE_CHECKING:
     from .answers import Answer, AnswerFn, Answers
-    from .session import Codec, Session
+    from .session import Codec, NotKept, Session
 
 #: Names whose modules import trio: loaded on first use (PEP 562).
 _LAZY = dict.fromkeys(("Answer", "AnswerFn", "Answers"), "answers") | dict.fromkeys(
-    ("Codec", "Session"), "session"
+    ("Codec", "NotKept", "Session"), "session"
 )
 
 
@@ -49,6 +49,7 @@ __all__ = [
     "ConnectionClosed",
     "LocalProtocolError",
     "NeedData",
+    "NotKept",
     "ProtocolError",
     "ReceiveBuffer",
     "RemoteProtocolError",

@@ -41,18 +41,25 @@ from typing import Any, Protocol
 
 import trio
 
-from gateway.errors import RemoteProtocolError
+from gateway.errors import RemoteProtocolError, first_leaf
 from gateway.receipts import Receipt
 
 from .answers import AnswerFn, Answers
 from .events import NEED_DATA, ConnectionClosed
 
-__all__ = ["Codec", "Session"]
+__all__ = ["Codec", "NotKept", "Session"]
 
 #: Bytes asked of the stream per read.
 RECEIVE_SIZE = 65536
 #: Unsent output above which :meth:`Session.write_when_room` waits.
 HIGH_WATER = 1024 * 1024
+
+
+class NotKept(Exception):
+    """Work the peer sent was not kept: close without answering it (the peer resends).
+
+    Raise it from an answer function; :meth:`Session.serve` logs its message.
+    """
 
 
 class Codec(Protocol):
@@ -140,6 +147,9 @@ class Session:
         """Work outside :attr:`answers` that a drain waits for (unacked deliveries)."""
         return False
 
+    def ended_by(self, error: RemoteProtocolError | NotKept | trio.TooSlowError) -> None:
+        """:meth:`serve` is about to log what the peer's side ended the connection with."""
+
     def error_reply(self, error: RemoteProtocolError) -> bytes | None:
         """The protocol's error frame for ``error``, sent before closing (None: none)."""
         return None
@@ -212,6 +222,29 @@ class Session:
             await self._progress.park()
 
     # -- the skeleton ------------------------------------------------------------------------
+    async def serve(self) -> None:
+        """:meth:`run` for a server role: what the peer's side ends it with is logged.
+
+        A protocol error, a work item that was not kept, or a deadline missed
+        (a unit too slow, a write the peer did not read) is the peer's doing:
+        a warning naming it, after :meth:`ended_by` saw it. Anything else
+        propagates (the runtime logs it as a fault of ours).
+        """
+        try:
+            await self.run()
+        except* RemoteProtocolError as eg:
+            self._log_end(eg, "protocol error: %s; closing")
+        except* NotKept as eg:
+            self._log_end(eg, "%s")
+        except* trio.TooSlowError as eg:
+            self._log_end(eg, "%s; closing")
+
+    def _log_end(self, group: BaseExceptionGroup[Any], message: str) -> None:
+        error = first_leaf(group)
+        assert isinstance(error, RemoteProtocolError | NotKept | trio.TooSlowError)
+        self.ended_by(error)
+        self.log.warning(message, error)
+
     async def run(self) -> None:
         """Serve the connection until the input ends and what is owed is answered."""
         async with trio.open_nursery() as nursery:

@@ -26,9 +26,8 @@ from typing import Any
 
 import trio
 
-from gateway.errors import RemoteProtocolError
 from gateway.model import Outcome
-from gateway.protocol import Session
+from gateway.protocol import NotKept, Session
 from gateway.receipts import Receipt
 
 from . import Ack, Limits, ServerCodec, Window
@@ -85,22 +84,9 @@ class ServerSession(Session):
         self.metrics = metrics or ServerMetrics()
         self._inflated = 0
 
-    async def serve(self) -> None:
-        """Run until the client closes or breaks the protocol; log and count what ended it.
-
-        Protocol errors, refused windows and timeouts are logged and end the
-        connection (the caller closes the stream); nothing unsafe is ever acked.
-        """
-        try:
-            await self.run()
-        except* RemoteProtocolError as eg:
+    def ended_by(self, error: Exception) -> None:
+        if not isinstance(error, NotKept):  # refused windows are counted as they are refused
             self.metrics.protocol_errors.inc()
-            self.log.warning("protocol error: %s; closing", eg.exceptions[0])
-        except* _NotAccepted as eg:
-            self.log.warning("%s", eg.exceptions[0])
-        except* trio.TooSlowError as eg:
-            self.metrics.protocol_errors.inc()
-            self.log.warning("%s; closing", eg.exceptions[0])
 
     async def handle(self, window: Window) -> None:
         self._count_inflated()  # per window too: a protocol error later in the read loses none
@@ -149,7 +135,7 @@ class ServerSession(Session):
             self._inflated = inflated
 
 
-class _NotAccepted(Exception):
+class _NotAccepted(NotKept):
     def __init__(self, window: Window, receipt: Receipt) -> None:
         outcome = receipt.outcome.name.lower() if receipt.outcome is not None else "unsettled"
         super().__init__(

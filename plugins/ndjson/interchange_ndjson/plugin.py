@@ -28,7 +28,7 @@ from typing import Any
 import trio
 
 from gateway.destination import EndOfStream, Subscription
-from gateway.errors import RemoteProtocolError, first_leaf
+from gateway.errors import RemoteProtocolError
 from gateway.model import Message, Outcome, Position, Reply
 from gateway.plugin import (
     ConnectionInfo,
@@ -96,13 +96,9 @@ class _ServerSession(Session):
         conn.pending = self.pending
 
     async def serve(self) -> None:
-        """Run until the client closes or breaks the protocol (logged, then closed)."""
+        """Run until the client closes or breaks the protocol; release its subscriptions."""
         try:
-            await self.run()
-        except* RemoteProtocolError as eg:
-            self.log.warning("protocol error: %s; closing", first_leaf(eg))
-        except* trio.TooSlowError as eg:  # the client did not read what we wrote
-            self.log.warning("%s; closing", first_leaf(eg))
+            await super().serve()
         finally:
             for sub, _ in self.subs.values():
                 sub.close()
