@@ -65,6 +65,10 @@ class Config:
     path: Path | None = None
     #: Where ``GET /metrics`` is served (``[metrics] bind``); None: nowhere.
     metrics_bind: str | None = None
+    #: Connections the metrics endpoint serves at once (``[metrics] max_connections``).
+    metrics_max_connections: int = 16
+    #: Seconds a metrics client has to send each request (``[metrics] idle_timeout``).
+    metrics_idle_timeout: float = 10.0
 
 
 class _Errors:
@@ -319,7 +323,17 @@ def parse(
         buffer_bytes=gw.get("buffer_bytes", "size", d.buffer_bytes, minimum=1024),
         buffer_messages=gw.get("buffer_messages", "int", d.buffer_messages, minimum=1),
         max_destinations=gw.get("max_destinations", "int", d.max_destinations, minimum=1),
+        memory_budget=gw.get("memory_budget", "size", d.memory_budget, minimum=1024 * 1024),
+        connection_memory=gw.get(
+            "connection_memory", "size", d.connection_memory, minimum=64 * 1024
+        ),
     )
+    if limits.connection_memory > limits.memory_budget:
+        errors.add(
+            gw.key("connection_memory"),
+            f"{limits.connection_memory} bytes is more than memory_budget"
+            f" ({limits.memory_budget} bytes)",
+        )
     gateway = GatewaySettings(
         data_dir=_path(base, gw.get("data_dir", "str", "data")) or base / "data",
         drain_timeout=gw.get("drain_timeout", "duration", 10.0),
@@ -380,9 +394,12 @@ def parse(
     _unique(errors, "destinations", [(i, d.name) for i, d in indexed_destinations], "name")
     destinations = [spec for _, spec in indexed_destinations]
     metrics_bind = None
+    metrics_max_connections, metrics_idle_timeout = 16, 10.0
     metrics = root.table("metrics")
     if metrics is not None and metrics.ok:
         metrics_bind = metrics.get("bind", "str", check=_check_address(registry, plain=True))
+        metrics_max_connections = metrics.get("max_connections", "int", 16, minimum=1)
+        metrics_idle_timeout = metrics.get("idle_timeout", "duration", 10.0, minimum=0.01)
         metrics.finish()
         if metrics_bind is not None and not _any_port(metrics_bind):
             for i, ls in indexed_listeners:
@@ -394,7 +411,16 @@ def parse(
 
     if errors.items:
         raise ConfigError(errors.items)
-    return Config(gateway, listeners, upstreams, routes, destinations, metrics_bind=metrics_bind)
+    return Config(
+        gateway,
+        listeners,
+        upstreams,
+        routes,
+        destinations,
+        metrics_bind=metrics_bind,
+        metrics_max_connections=metrics_max_connections,
+        metrics_idle_timeout=metrics_idle_timeout,
+    )
 
 
 def _check_destination_name(value: str) -> None:
@@ -545,6 +571,7 @@ def _listener(t: _Table, base: Path, registry: Registry) -> ListenerSettings | N
         bind=bind,
         destination=t.get("destination", "str", name or ""),
         max_connections=t.get("max_connections", "int", 1024, minimum=1),
+        max_connections_per_address=t.get("max_connections_per_address", "int", 256, minimum=0),
         handshake_timeout=t.get("handshake_timeout", "duration", 10.0),
         idle_timeout=t.get("idle_timeout", "duration", 60.0),
     )
@@ -590,8 +617,8 @@ def _upstream(t: _Table, base: Path, registry: Registry) -> UpstreamSettings | N
         connect=t.get("connect", "str_or_list", check=check_all),
         connect_timeout=t.get("connect_timeout", "duration", 10.0),
         handshake_timeout=t.get("handshake_timeout", "duration", 10.0),
-        backoff_initial=t.get("backoff_initial", "duration", 1.0),
-        backoff_max=t.get("backoff_max", "duration", 60.0),
+        backoff_initial=t.get("backoff_initial", "duration", 0.5),
+        backoff_max=t.get("backoff_max", "duration", 5.0),
         destination=t.get("destination", "str", name or ""),
     )
     tls = t.table("tls")

@@ -57,6 +57,12 @@ class HubLimits:
     buffer_messages: int = 100_000
     #: Destinations the hub will create on demand.
     max_destinations: int = 10_000
+    #: Bytes the whole gateway may hold: every destination's buffers plus what
+    #: connections hold partly received. Publishes wait and reads pause above it.
+    memory_budget: int = 512 * 1024 * 1024
+    #: Bytes one connection may hold partly received (an unfinished window, a
+    #: frame being reassembled); a peer that needs more is refused with an error.
+    connection_memory: int = 64 * 1024 * 1024
 
 
 class Hub:

@@ -52,6 +52,37 @@ class Metrics:
         self.bytes_sent = self.counter(
             "interchange_sent_bytes", "Bytes sent to clients.", ["listener"]
         )
+        self.refused_connections = self.counter(
+            "interchange_refused_connections",
+            "Connections refused or closed by a protection, by reason (max_connections,"
+            " max_connections_per_address, idle, memory, unit_timeout, write_timeout).",
+            ["listener", "reason"],
+        )
+        self.accept_errors = self.counter(
+            "interchange_accept_errors",
+            "accept() failures for lack of resources (EMFILE, ENFILE, ENOMEM, ENOBUFS).",
+            ["listener", "error"],
+        )
+        self.abandoned_publishes = self.counter(
+            "interchange_abandoned_publishes",
+            "Publishes whose sender left (or shutdown gave up) before they settled:"
+            " settled as failed, never acked.",
+            ["listener"],
+        )
+        self.log_lines_suppressed = self.counter(
+            "interchange_log_lines_suppressed",
+            "Warnings not logged because the same reason was logged within the interval.",
+            ["reason"],
+        )
+        self.memory_budget = self.gauge(
+            "interchange_memory_budget_bytes",
+            "The gateway-wide memory budget ([gateway] memory_budget).",
+        )
+        self.memory_used = self.gauge(
+            "interchange_memory_used_bytes",
+            "Bytes counted against the memory budget: destination buffers and partly"
+            " received input of connections.",
+        )
         self.upstream_connects = self.counter(
             "interchange_upstream_connects", "Connections an upstream made.", ["upstream"]
         )

@@ -134,8 +134,11 @@ class ListenerSettings:
     bind: str
     destination: str
     max_connections: int = 1024
+    #: Connections one peer address may hold at once (0: no limit; unix sockets: none).
+    max_connections_per_address: int = 256
     handshake_timeout: float = 10.0
-    #: Close a connection with no traffic and no pending work after this long (0: never).
+    #: Close a connection that made no progress (nothing received whole, nothing
+    #: answered) and has nothing pending for this long (0: never).
     idle_timeout: float = 60.0
     tls: Any = None
     options: dict[str, Any] = field(default_factory=dict)
@@ -148,8 +151,8 @@ class UpstreamSettings:
     connect: list[str]
     connect_timeout: float = 10.0
     handshake_timeout: float = 10.0
-    backoff_initial: float = 1.0
-    backoff_max: float = 60.0
+    backoff_initial: float = 0.5
+    backoff_max: float = 5.0
     tls: Any = None
     #: Where messages received from the peer are published (client roles that
     #: subscribe remotely); defaults to the upstream's name.
@@ -243,7 +246,7 @@ def _never() -> bool:
 class Backoff:
     """Exponential reconnect delays: ``initial``, doubling up to ``maximum``."""
 
-    def __init__(self, initial: float = 1.0, maximum: float = 60.0) -> None:
+    def __init__(self, initial: float = 0.5, maximum: float = 5.0) -> None:
         self.initial = initial
         self.maximum = maximum
         self._next = initial
