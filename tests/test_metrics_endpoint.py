@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import http.client
+import logging
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,13 +24,12 @@ import trio
 from harness import host_port, running_gateway
 from prometheus_client.parser import text_string_to_metric_families
 
-import gateway.metrics_http
 from gateway.config import ConfigError, default_config, parse
 from gateway.plugin import ProtocolPlugin, ServerConnection
 from gateway.registry import Registered, Registry, default_registry
 from gateway.runtime import Gateway
 
-#: Seconds any one test may take end to end (the endpoint's read timeout is 10 s).
+#: Seconds any one test may take end to end (the endpoint's idle timeout is 10 s).
 TIMEOUT = 8.0
 #: Socket timeout of the blocking HTTP client, so that its thread always returns.
 CLIENT_TIMEOUT = 5.0
@@ -439,7 +439,7 @@ async def test_a_malformed_request_gets_400_or_a_close_and_the_next_client_is_se
 async def test_silent_clients_do_not_block_other_scrapes() -> None:
     async with running_gateway(metrics_config()) as gw:
         address = gw.metrics_addresses[0]
-        # Well under the endpoint's 10 s read timeout: a scrape queued behind a
+        # Well under the endpoint's 10 s idle timeout: a scrape queued behind a
         # silent client would miss this deadline.
         with trio.fail_after(3):
             silent = [await open_raw(address) for _ in range(5)]
@@ -458,27 +458,127 @@ async def test_silent_clients_do_not_block_other_scrapes() -> None:
                 await stream.aclose()
 
 
-async def test_a_silent_client_is_disconnected_after_the_read_timeout(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(gateway.metrics_http, "READ_TIMEOUT", 0.3)
-    async with running_gateway(metrics_config()) as gw:
+async def read_until_closed(stream: trio.abc.Stream) -> bytes:
+    """Everything the server sends until it closes (or resets) the connection."""
+    data = b""
+    try:
+        while chunk := await stream.receive_some():
+            data += chunk
+    except trio.BrokenResourceError:
+        pass
+    return data
+
+
+async def test_a_silent_client_is_disconnected_after_the_idle_timeout() -> None:
+    config = metrics_config(metrics={"bind": "127.0.0.1:0", "idle_timeout": "300ms"})
+    async with running_gateway(config) as gw:
         address = gw.metrics_addresses[0]
         with trio.fail_after(TIMEOUT):
             silent = await open_raw(address)
+            opened = trio.current_time()
             kept = await open_raw(address)
             await kept.send_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
             data = b""
             while b"\r\n\r\n" not in data:
                 data += await kept.receive_some()
-            for stream in (silent, kept):  # before the first request, and between requests
+            answered = trio.current_time()
+            # Before the first request, and between requests: closed after 0.3 s, well
+            # before the 10 s default.
+            for stream, since in ((silent, opened), (kept, answered)):
                 with trio.fail_after(3):
-                    try:
-                        while await stream.receive_some():
-                            pass
-                    except trio.BrokenResourceError:
-                        pass
+                    await read_until_closed(stream)
+                assert trio.current_time() - since >= 0.25
                 await stream.aclose()
+
+
+async def test_a_client_sending_within_the_idle_timeout_is_kept() -> None:
+    config = metrics_config(metrics={"bind": "127.0.0.1:0", "idle_timeout": "1s"})
+    async with running_gateway(config) as gw:
+        with trio.fail_after(TIMEOUT):
+            stream = await open_raw(gw.metrics_addresses[0])
+            await trio.sleep(0.5)
+            await stream.send_all(b"HEAD /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
+            await trio.sleep(0.5)  # the timeout runs from the response, not the connect
+            await stream.send_all(b"HEAD /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            raw = await read_until_closed(stream)
+            assert [status for status, _ in split_responses(raw, ["HEAD", "HEAD"])] == [200, 200]
+            await stream.aclose()
+
+
+def refused_metrics(gw: Gateway) -> float | None:
+    return gw.metrics.value(
+        "interchange_refused_connections_total",
+        {"listener": "metrics", "reason": "max_connections"},
+    )
+
+
+async def test_connections_beyond_max_connections_get_503_and_are_closed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="gateway.metrics")
+    config = metrics_config(metrics={"bind": "127.0.0.1:0", "max_connections": 2})
+    async with running_gateway(config) as gw:
+        address = gw.metrics_addresses[0]
+        # Well under the 10 s idle timeout: a refused client waiting for it fails here.
+        with trio.fail_after(3):
+            idle = [await open_raw(address) for _ in range(2)]
+            assert not refused_metrics(gw)
+            # Refused at once, without waiting for a request: one sends nothing, one
+            # sends a whole request (which is never answered but by the 503).
+            for request in (b"", b"", b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n"):
+                raw = await send_and_read_to_close(address, request)
+                head, _, body = raw.partition(b"\r\n\r\n")
+                assert status_of(raw) == 503, raw[:200]
+                assert b"\r\nconnection: close" in head.lower()
+                assert b"interchange_" not in body
+            assert refused_metrics(gw) == 3
+            warnings = [r for r in caplog.records if r.name == "gateway.metrics"]
+            assert len(warnings) == 1, [r.getMessage() for r in warnings]  # rate-limited
+            assert "max_connections" in warnings[0].getMessage()
+            assert warnings[0].exc_info is None
+            suppressed = {"reason": "metrics:max_connections"}
+            assert gw.metrics.value("interchange_log_lines_suppressed_total", suppressed) == 2
+
+            # The idle connections still hold their places, and are served.
+            await idle[0].send_all(b"HEAD /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += await idle[0].receive_some()
+            assert status_of(data) == 200
+
+            # Once one leaves, a new client takes its place (after the server saw it go).
+            await idle[1].aclose()
+            while (reply := await http_request(address)).status == 503:
+                await trio.sleep(0.02)
+            assert reply.status == 200
+            await idle[0].aclose()
+
+
+async def test_refusals_are_bounded_too() -> None:
+    """A refused client that never hangs up holds its refusal for about a second; while
+    it does, refusals beyond max_connections get no 503, only a close."""
+    config = metrics_config(metrics={"bind": "127.0.0.1:0", "max_connections": 1})
+    async with running_gateway(config) as gw:
+        address = gw.metrics_addresses[0]
+        with trio.fail_after(TIMEOUT):
+            idle = await open_raw(address)
+            lingering = await open_raw(address)  # refused, and never hangs up
+            assert status_of(await read_until_closed(lingering)) == 503
+            assert await send_and_read_to_close(address, b"") == b""
+            await trio.sleep(1.2)  # the lingering refusal gives up after a second
+            assert status_of(await send_and_read_to_close(address, b"")) == 503
+            assert refused_metrics(gw) == 3
+            for stream in (idle, lingering):
+                await stream.aclose()
+
+
+async def test_max_connections_counts_open_connections_not_requests() -> None:
+    config = metrics_config(metrics={"bind": "127.0.0.1:0", "max_connections": 1})
+    async with running_gateway(config) as gw:
+        with trio.fail_after(TIMEOUT):
+            for _ in range(5):  # one after another: never refused
+                assert (await http_request(gw.metrics_addresses[0])).status == 200
+            assert not refused_metrics(gw)
 
 
 async def test_a_huge_request_head_is_refused_and_the_endpoint_keeps_serving() -> None:
