@@ -79,6 +79,7 @@ class Catalog:
         limits = TopicLimits(
             spec.buffer_bytes or self._defaults.max_bytes,
             spec.buffer_messages or self._defaults.max_messages,
+            self._defaults.budget,
         )
         return Topic(
             name, limits, kind=spec.kind, element_size=spec.element_size, groups=spec.groups

@@ -1,4 +1,10 @@
-"""The ``gateway`` command: run, check, plugins, certs."""
+"""The ``gateway`` command: run, check, plugins, certs.
+
+Exit status of ``gateway run``: 0 after a clean stop; 1 when it could not
+start (a bad config, a port in use, a plugin that failed to set up); 3 when
+shutdown had to abandon publishes that had not settled by ``drain_timeout``
+(their senders got no ack and will resend); 2 for a usage error.
+"""
 
 from __future__ import annotations
 
@@ -37,6 +43,10 @@ def _setup_logging(level: str) -> None:
     )
 
 
+#: ``gateway run`` stopped, but abandoned unsettled publishes (see the module docstring).
+EXIT_ABANDONED = 3
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         config = _load(args.config)
@@ -47,7 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.path is None:
         log.info("no config file given: running the embedded default configuration")
     try:
-        trio.run(_run, config)
+        gateway = trio.run(_run, config)
     except BaseExceptionGroup as eg:
         start_errors, rest = eg.split((OSError, PluginError))
         if start_errors is None or rest is not None:
@@ -57,10 +67,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (OSError, PluginError) as e:
         log.error("cannot start: %s", e)
         return 1
+    if gateway.drained_cleanly is False:
+        log.error(
+            "stopped with %d publishes abandoned unsettled (exit status %d)",
+            gateway.abandoned,
+            EXIT_ABANDONED,
+        )
+        return EXIT_ABANDONED
     return 0
 
 
-async def _run(config: Config) -> None:
+async def _run(config: Config) -> Gateway:
     from .runtime import Gateway
 
     gateway = Gateway(config)
@@ -68,6 +85,7 @@ async def _run(config: Config) -> None:
         nursery.start_soon(_watch_signals, gateway, nursery.cancel_scope)
         await gateway.run()
         nursery.cancel_scope.cancel()
+    return gateway
 
 
 async def _watch_signals(gateway: Gateway, scope: trio.CancelScope) -> None:

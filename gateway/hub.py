@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from .budget import MemoryBudget
 from .destination import (
     Destination,
     DestinationInfo,
@@ -74,10 +75,15 @@ class Hub:
         limits: HubLimits | None = None,
         providers: Sequence[DestinationProvider] = (),
         upstreams: Iterable[str] = (),
+        budget: MemoryBudget | None = None,
     ) -> None:
         self.router = router or Router()
         self.limits = limits or HubLimits()
-        self._topic_limits = TopicLimits(self.limits.buffer_bytes, self.limits.buffer_messages)
+        #: What every destination the hub creates charges its buffers to (None: no budget).
+        self.budget = budget
+        self._topic_limits = TopicLimits(
+            self.limits.buffer_bytes, self.limits.buffer_messages, budget
+        )
         self._providers = list(providers)
         self._destinations: dict[str, Destination] = {}
         self._upstreams = set(upstreams)

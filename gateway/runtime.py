@@ -8,12 +8,18 @@ close the hub. Each listener has
 its own nursery with one task per connection, and each connection its own
 nursery: an error in one connection is logged with the peer address and
 closes that connection only.
+
+Protections (docs/limits.md): connections per listener and per peer address,
+an accept loop that survives running out of descriptors, a :class:`Guard` on
+every connection's stream (idle timeout on useful progress, partial input
+charged to the gateway's :class:`MemoryBudget`, departed peers' work settled
+as failed), and warnings rate-limited per listener and reason.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
+import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,11 +28,14 @@ from typing import cast
 import trio
 from prometheus_client import Counter
 
+from .accept import accept_forever
+from .budget import MemoryBudget
 from .catalog import Catalog
 from .config import Config
 from .errors import ProtocolError, first_leaf
 from .facade import HubFacade
 from .hub import Hub
+from .logs import Throttled
 from .metrics import Metrics
 from .metrics_http import serve_metrics
 from .plugin import (
@@ -41,6 +50,7 @@ from .plugin import (
     UpstreamContext,
     UpstreamSettings,
 )
+from .protocol.guard import Guard
 from .registry import Registry, default_registry
 from .routing import Router
 from .topic import TopicLimits
@@ -50,16 +60,24 @@ __all__ = ["Gateway"]
 
 log = logging.getLogger("gateway.runtime")
 
-#: accept() errors that mean "out of resources for now": wait and retry (as trio does).
-ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
 _LOST = (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, ConnectionError)
 
 
 class _TrackedStream(trio.abc.Stream):
-    """Passes everything through, recording the time and size of each transfer."""
+    """Passes everything through, counting bytes; carries the connection's :class:`Guard`.
 
-    def __init__(self, inner: trio.abc.Stream, received: Counter, sent: Counter) -> None:
+    Until the protocol's driver reports progress itself (a
+    :class:`~gateway.protocol.Session` does), every transfer counts as
+    activity for the idle timeout, as a plugin of its own may expect.
+    """
+
+    def __init__(
+        self, inner: trio.abc.Stream, received: Counter, sent: Counter, guard: Guard
+    ) -> None:
         self.inner = inner
+        #: trio's name for the stream under a layer (the hang-up probe follows it).
+        self.transport_stream = inner
+        self.guard = guard
         self.conn: ServerConnection | None = None
         self._received = received
         self._sent = sent
@@ -67,14 +85,14 @@ class _TrackedStream(trio.abc.Stream):
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         data = await self.inner.receive_some(max_bytes)
         self._received.inc(len(data))
-        if self.conn is not None:
+        if self.conn is not None and not self.guard.reports_progress:
             self.conn.touch()
         return data
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self.inner.send_all(data)
         self._sent.inc(len(data))
-        if self.conn is not None:
+        if self.conn is not None and not self.guard.reports_progress:
             self.conn.touch()
 
     async def wait_send_all_might_not_block(self) -> None:
@@ -96,9 +114,13 @@ class _ListenerState:
     transport: Transport
     tls_context: ssl.SSLContext | None
     #: The layer with the ``tls`` role, when the listener has a ``tls`` table.
-    tls_layer: StreamLayer | None = None
+    tls_layer: StreamLayer | None
+    #: Warnings about this listener's connections, one per reason per interval.
+    throttle: Throttled
     addresses: list[str] = field(default_factory=list)
     connections: int = 0
+    #: Open connections by peer host (TCP only), for ``max_connections_per_address``.
+    per_address: dict[str, int] = field(default_factory=dict)
     accept_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
 
 
@@ -109,14 +131,18 @@ class Gateway:
         self.config = config
         self.registry = registry or default_registry()
         limits = config.gateway.limits
+        #: Bytes held across destinations and connections ([gateway] memory_budget).
+        self.budget = MemoryBudget(limits.memory_budget)
         self.catalog = Catalog(
-            config.destinations, TopicLimits(limits.buffer_bytes, limits.buffer_messages)
+            config.destinations,
+            TopicLimits(limits.buffer_bytes, limits.buffer_messages, self.budget),
         )
         self.hub = Hub(
             Router(config.routes),
             limits,
             providers=[self.catalog],
             upstreams=[u.name for u in config.upstreams],
+            budget=self.budget,
         )
         #: The hub as protocols see it.
         self.facade = HubFacade(self.hub)
@@ -138,6 +164,11 @@ class Gateway:
         #: True once every in-flight publish settled within the drain deadline.
         self.drained_cleanly: bool | None = None
         self.metrics = Metrics()
+        self.metrics.memory_budget.set(self.budget.limit)
+        budget = self.budget
+        self.metrics.memory_used.set_function(lambda: budget.used)
+        #: Publishes abandoned at shutdown (unsettled when the drain deadline passed).
+        self.abandoned = 0
         #: Where ``GET /metrics`` is served (real ports), once running.
         self.metrics_addresses: list[str] = []
 
@@ -175,6 +206,10 @@ class Gateway:
                         await self._tear_down(ready)
                     background.cancel_scope.cancel()
         finally:
+            if self.drained_cleanly is None and self.hub.inflight:
+                # Stopped without a drain (a second signal, a crash): abandoned too.
+                self.drained_cleanly = False
+                self.abandoned = self.hub.inflight
             self.hub.close()
 
     async def _serve(self, task_status: trio.TaskStatus[Gateway]) -> None:
@@ -255,11 +290,15 @@ class Gateway:
                 "drained; closing%s", f" {open_connections} connections" * bool(open_connections)
             )
         else:
+            self.abandoned = self.hub.inflight
             log.warning(
-                "%d publishes still unsettled after %gs; closing their connections unacked",
-                self.hub.inflight,
+                "%d publishes still unsettled after %gs; abandoning them, their senders get"
+                " no ack (exit status 3)",
+                self.abandoned,
                 deadline,
             )
+        for state in self._listeners.values():
+            state.throttle.flush()
 
     async def _serve_metrics(
         self, bind: str, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -279,7 +318,12 @@ class Gateway:
         log.info("metrics: GET /metrics on %s", " ".join(self.metrics_addresses))
         task_status.started()
         # serve_metrics only accepts and reads bytes: any listener of a plain transport does.
-        await serve_metrics(self.metrics, cast("list[trio.SocketListener]", list(listeners)))
+        await serve_metrics(
+            self.metrics,
+            cast("list[trio.SocketListener]", list(listeners)),
+            max_connections=self.config.metrics_max_connections,
+            idle_timeout=self.config.metrics_idle_timeout,
+        )
 
     # -- listeners ---------------------------------------------------------------
     async def _serve_listener(
@@ -289,7 +333,11 @@ class Gateway:
         transport = self.registry.transport_for(ls.bind)
         tls_layer = self.registry.layer_for("tls") if ls.tls else None
         tls_context = tls_layer.server_context(ls.tls) if tls_layer and ls.tls else None
-        state = _ListenerState(ls, plugin, transport, tls_context, tls_layer)
+        throttle = Throttled(
+            logging.getLogger(f"gateway.protocol.{ls.protocol}"),
+            suppressed=self.metrics.log_lines_suppressed,
+        )
+        state = _ListenerState(ls, plugin, transport, tls_context, tls_layer, throttle)
         try:
             listeners = await transport.listen(ls.bind)
         except OSError as e:
@@ -302,6 +350,7 @@ class Gateway:
             self.metrics.connection_errors,
             self.metrics.bytes_received,
             self.metrics.bytes_sent,
+            self.metrics.abandoned_publishes,
         ):
             family.labels(listener=ls.name)  # every series from 0, before any connection
         try:
@@ -322,40 +371,63 @@ class Gateway:
         listener: trio.abc.Listener[trio.abc.Stream],
         nursery: trio.Nursery,
     ) -> None:
-        limit = state.settings.max_connections
-        try:
-            while True:
-                try:
-                    stream = await listener.accept()
-                except OSError as e:
-                    if e.errno not in ACCEPT_CAPACITY_ERRNOS:
-                        raise
-                    log.error("listener %s: accept failed (%s); retrying", state.settings.name, e)
-                    await trio.sleep(0.1)
-                    continue
-                if state.connections >= limit:
-                    peer = state.transport.peer_name(stream)
-                    log.warning(
-                        "listener %s: %d connections (max_connections); refusing %s",
-                        state.settings.name,
-                        limit,
-                        peer,
-                    )
-                    await trio.aclose_forcefully(stream)
-                    continue
-                state.connections += 1
-                nursery.start_soon(self._connection, state, stream)
-        finally:
-            await trio.aclose_forcefully(listener)
+        ls = state.settings
 
-    async def _connection(self, state: _ListenerState, stream: trio.abc.Stream) -> None:
+        def refuse(stream: trio.abc.Stream, reason: str, limit: int) -> None:
+            self.metrics.refused_connections.labels(listener=ls.name, reason=reason).inc()
+            state.throttle.warning(
+                f"{ls.name}:{reason}",
+                "listener %s: %d connections (%s); refusing %s",
+                ls.name,
+                limit,
+                reason,
+                state.transport.peer_name(stream),
+            )
+            nursery.start_soon(trio.aclose_forcefully, stream)
+
+        def handle(stream: trio.abc.Stream) -> None:
+            if state.connections >= ls.max_connections:
+                refuse(stream, "max_connections", ls.max_connections)
+                return
+            host = _peer_host(stream) if ls.max_connections_per_address else None
+            if host is not None:
+                held = state.per_address.get(host, 0)
+                if held >= ls.max_connections_per_address:
+                    refuse(stream, "max_connections_per_address", ls.max_connections_per_address)
+                    return
+                state.per_address[host] = held + 1
+            state.connections += 1
+            nursery.start_soon(self._connection, state, stream, host)
+
+        await accept_forever(
+            listener,
+            handle,
+            name=ls.name,
+            log=state.throttle,
+            errors=self.metrics.accept_errors,
+        )
+
+    async def _connection(
+        self, state: _ListenerState, stream: trio.abc.Stream, host: str | None = None
+    ) -> None:
         ls = state.settings
         peer = state.transport.peer_name(stream)
+        prefix = f"[{ls.name} {peer}]"
         plog = logging.getLogger(f"gateway.protocol.{ls.protocol}")
-        self.metrics.connections.labels(listener=ls.name).inc()
-        open_gauge = self.metrics.connections_open.labels(listener=ls.name)
+        throttle = state.throttle
+        metrics = self.metrics
+        metrics.connections.labels(listener=ls.name).inc()
+        open_gauge = metrics.connections_open.labels(listener=ls.name)
         open_gauge.inc()
-        errors = self.metrics.connection_errors.labels(listener=ls.name)
+        errors = metrics.connection_errors.labels(listener=ls.name)
+        account = self.budget.account(self.config.gateway.limits.connection_memory)
+
+        def warn(reason: str, msg: str, *args: object) -> None:
+            throttle.warning(f"{ls.name}:{reason}", f"{prefix} {msg}", *args)
+
+        def refused(reason: str) -> None:
+            metrics.refused_connections.labels(listener=ls.name, reason=reason).inc()
+
         try:
             try:
                 # Handshakes run here, in the connection's task, never in the accept
@@ -371,11 +443,12 @@ class Gateway:
                         stage = state.transport.name
                         stream = await state.transport.accepted(stream, ls.bind)
                 except Exception as e:
-                    _handshake_failed(plog, f"[{ls.name} {peer}]", stage, e, errors)
+                    _handshake_failed(plog, warn, prefix, stage, e, errors)
                     return
                 if handshake.cancelled_caught:
                     errors.inc()
-                    plog.warning("[%s %s] %s handshake timed out; closing", ls.name, peer, stage)
+                    refused("handshake_timeout")
+                    warn("handshake_timeout", "%s handshake timed out; closing", stage)
                     return
                 info = ConnectionInfo(
                     protocol=ls.protocol,
@@ -385,10 +458,24 @@ class Gateway:
                     identity=identity,
                     tls=state.tls_context is not None,
                 )
+                conn: ServerConnection | None = None
+
+                def touch() -> None:
+                    if conn is not None:
+                        conn.touch()
+
+                guard = Guard(
+                    account,
+                    on_progress=touch,
+                    on_abandoned=metrics.abandoned_publishes.labels(listener=ls.name).inc,
+                    on_refused=refused,
+                    warn=warn,
+                )
                 tracked = _TrackedStream(
                     stream,
-                    self.metrics.bytes_received.labels(listener=ls.name),
-                    self.metrics.bytes_sent.labels(listener=ls.name),
+                    metrics.bytes_received.labels(listener=ls.name),
+                    metrics.bytes_sent.labels(listener=ls.name),
+                    guard,
                 )
                 conn = ServerConnection(
                     tracked,
@@ -396,31 +483,38 @@ class Gateway:
                     ls,
                     self.facade,
                     self.draining,
-                    self.metrics,
+                    metrics,
                     self._upstreams.get(ls.protocol),
                 )
                 tracked.conn = conn
                 async with trio.open_nursery() as nursery:
                     if ls.idle_timeout > 0:
-                        nursery.start_soon(_idle_watchdog, conn, nursery.cancel_scope)
+                        nursery.start_soon(_idle_watchdog, conn, guard, nursery.cancel_scope)
                     await state.plugin.serve(conn)
                     nursery.cancel_scope.cancel()
             except* ProtocolError as eg:
                 # The peer's fault, not a fault of ours: each protocol counts its own.
-                plog.warning("[%s %s] protocol error: %s; closing", ls.name, peer, first_leaf(eg))
+                refused("protocol_error")
+                warn("protocol_error", "protocol error: %s; closing", first_leaf(eg))
             except* trio.TooSlowError as eg:
                 errors.inc()
-                plog.warning("[%s %s] timed out: %s; closing", ls.name, peer, first_leaf(eg))
+                refused("timeout")
+                warn("timeout", "timed out: %s; closing", first_leaf(eg))
             except* _LOST as eg:
-                plog.info("[%s %s] connection lost: %s", ls.name, peer, first_leaf(eg))
+                plog.info("%s connection lost: %s", prefix, first_leaf(eg))
             except* Exception as eg:
                 errors.inc()
-                plog.error(
-                    "[%s %s] connection failed; closing it", ls.name, peer, exc_info=first_leaf(eg)
-                )
+                plog.error("%s connection failed; closing it", prefix, exc_info=first_leaf(eg))
         finally:
+            account.close()
             open_gauge.dec()
             state.connections -= 1
+            if host is not None:
+                left = state.per_address[host] - 1
+                if left:
+                    state.per_address[host] = left
+                else:
+                    del state.per_address[host]
             self._connection_ended.unpark_all()
             await trio.aclose_forcefully(stream)
 
@@ -485,18 +579,36 @@ class Gateway:
             await ctx.backoff.sleep()
 
 
-async def _idle_watchdog(conn: ServerConnection, scope: trio.CancelScope) -> None:
+async def _idle_watchdog(conn: ServerConnection, guard: Guard, scope: trio.CancelScope) -> None:
+    """Close the connection once it made no useful progress for ``idle_timeout``.
+
+    Progress is what the protocol's driver reports (see :class:`Guard`); a
+    connection with work pending (unsettled publishes, open subscriptions) is
+    never idle.
+    """
     timeout = conn.listener.idle_timeout
     while True:
         now = trio.current_time()
         deadline = conn.last_activity + timeout
         if now >= deadline:
-            if not conn.busy:
-                conn.log.info("idle for %gs; closing", timeout)
+            if not (conn.busy or guard.pending()):
+                guard.refused("idle")
+                conn.log.info("no progress for %gs; closing", timeout)
                 scope.cancel()
                 return
             deadline = now + timeout
         await trio.sleep_until(deadline)
+
+
+def _peer_host(stream: trio.abc.Stream) -> str | None:
+    """The peer's IP address, for per-address limits (None: not an IP connection)."""
+    sock = getattr(stream, "socket", None)
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    try:
+        return str(sock.getpeername()[0])
+    except OSError:
+        return None
 
 
 def _server_name(up: UpstreamSettings, transport: Transport, address: str) -> str | None:
@@ -506,7 +618,12 @@ def _server_name(up: UpstreamSettings, transport: Transport, address: str) -> st
 
 
 def _handshake_failed(
-    plog: logging.Logger, prefix: str, stage: str, error: Exception, errors: Counter
+    plog: logging.Logger,
+    warn: Callable[..., None],
+    prefix: str,
+    stage: str,
+    error: Exception,
+    errors: Counter,
 ) -> None:
     """Log a server-side handshake that raised; only that connection closes."""
     leaf = first_leaf(error)
@@ -515,6 +632,6 @@ def _handshake_failed(
         return
     errors.inc()
     if isinstance(leaf, ProtocolError | trio.TooSlowError | ValueError):
-        plog.warning("%s %s handshake failed: %s; closing", prefix, stage, leaf)
+        warn("handshake_failed", "%s handshake failed: %s; closing", stage, leaf)
     else:
         plog.error("%s %s handshake failed; closing", prefix, stage, exc_info=leaf)

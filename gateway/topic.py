@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Literal
 
 import trio
 
+from .budget import MemoryBudget
 from .destination import (
     QUEUE_GROUP,
     Delivery,
@@ -67,13 +68,20 @@ __all__ = ["QUEUE_GROUP", "Topic", "TopicLimits"]
 
 
 class TopicLimits:
-    """Bounds applied to every group of a topic."""
+    """Bounds applied to every group of a topic, and the gateway's budget they share."""
 
-    __slots__ = ("max_bytes", "max_messages")
+    __slots__ = ("budget", "max_bytes", "max_messages")
 
-    def __init__(self, max_bytes: int = 64 * 1024 * 1024, max_messages: int = 100_000) -> None:
+    def __init__(
+        self,
+        max_bytes: int = 64 * 1024 * 1024,
+        max_messages: int = 100_000,
+        budget: MemoryBudget | None = None,
+    ) -> None:
         self.max_bytes = max_bytes
         self.max_messages = max_messages
+        #: Every group's held bytes are charged here too (None: only per-group bounds).
+        self.budget = budget
 
 
 class _Run:
@@ -187,6 +195,7 @@ class _Lease:
 class _Group:
     __slots__ = (
         "anonymous",
+        "budget",
         "filter",
         "members",
         "name",
@@ -196,9 +205,16 @@ class _Group:
         "waiters",
     )
 
-    def __init__(self, name: str | None, anonymous: bool, filter: Filter | None = None) -> None:
+    def __init__(
+        self,
+        name: str | None,
+        anonymous: bool,
+        filter: Filter | None = None,
+        budget: MemoryBudget | None = None,
+    ) -> None:
         self.name = name
         self.anonymous = anonymous
+        self.budget = budget
         #: Only messages whose headers match are stored for this group.
         self.filter = filter
         self.queue: deque[_Slice] = deque()
@@ -215,6 +231,8 @@ class _Group:
     def push(self, piece: _Slice, nbytes: int) -> None:
         self.queue.append(piece)
         self.used_bytes += nbytes
+        if self.budget is not None:
+            self.budget.charge(nbytes)
         self.used_count += piece.end - piece.start
         if self.waiters:
             self.waiters.unpark_all()
@@ -246,7 +264,7 @@ class Topic(Destination):
         self.element_size = element_size
         self._groups: dict[str, _Group] = {}
         #: Copies an anonymous group left behind while no other group existed.
-        self._backlog = _Group(None, anonymous=False)
+        self._backlog = _Group(None, anonymous=False, budget=self.limits.budget)
         #: Publishers waiting for room.
         self._space = trio.lowlevel.ParkingLot()
         self._closed = False
@@ -299,12 +317,19 @@ class Topic(Destination):
 
     async def put(self, message: Message, receipt: Receipt, index: int = 0) -> None:
         messages, sizes = [message], [message.size]
+        budget = self.limits.budget
         while True:
             if self._closed:
                 raise trio.ClosedResourceError(f"destination {self.name!r} is closed")
             plan = self._plan(messages, sizes)
             if self._fits(plan):
-                break
+                if budget is None:
+                    break
+                nbytes = sum(b for _, _, _, b in plan)
+                if budget.fits(nbytes):
+                    break
+                await budget.wait_for_room(nbytes)
+                continue
             await self._space.park()
         self._store(messages, sizes, receipt, plan, index)
 
@@ -320,17 +345,25 @@ class Topic(Destination):
                 n = len(messages)
                 total = sum(sizes)
                 groups = list(self._groups.values())
-                if total <= limits.max_bytes and all(
-                    g.used_count + n <= limits.max_messages
-                    and g.used_bytes + total <= limits.max_bytes
-                    for g in groups
+                if (
+                    total <= limits.max_bytes
+                    and all(
+                        g.used_count + n <= limits.max_messages
+                        and g.used_bytes + total <= limits.max_bytes
+                        for g in groups
+                    )
+                    and (limits.budget is None or limits.budget.fits(total * len(groups)))
                 ):
                     if n:
                         self._store_whole(list(messages), sizes, total, receipt, groups, base)
                     return
             elif not sizes or max(sizes) <= limits.max_bytes:
                 plan = self._plan(messages, sizes)
-                if all(b <= limits.max_bytes for _, _, _, b in plan) and self._fits(plan):
+                if (
+                    all(b <= limits.max_bytes for _, _, _, b in plan)
+                    and self._fits(plan)
+                    and (limits.budget is None or limits.budget.fits(sum(b for _, _, _, b in plan)))
+                ):
                     if messages:
                         self._store(list(messages), sizes, receipt, plan, base)
                     return
@@ -416,12 +449,14 @@ class Topic(Destination):
     def _group(self, name: str, anonymous: bool, filter: Filter | None = None) -> _Group:
         g = self._groups.get(name)
         if g is None:
-            g = _Group(name, anonymous, filter)
+            g = _Group(name, anonymous, filter, self.limits.budget)
             self._filtering += filter is not None
             if self._backlog.queue:
                 # A new group adopts what an earlier group left behind and no other
                 # group wanted, as far as its filter matches; the rest waits on.
                 pieces, self._backlog.queue = self._backlog.queue, deque()
+                if self.limits.budget is not None:
+                    self.limits.budget.release(self._backlog.used_bytes)
                 self._backlog.used_bytes = self._backlog.used_count = 0
                 self._hand_over(list(pieces), [g])
             self._groups[name] = g
@@ -452,7 +487,10 @@ class Topic(Destination):
             if not moved:
                 continue
             _return_in_order(heir, moved)
-            heir.used_bytes += sum(p.nbytes() for p in moved)
+            nbytes = sum(p.nbytes() for p in moved)
+            heir.used_bytes += nbytes
+            if heir.budget is not None:
+                heir.budget.charge(nbytes)
             heir.used_count += sum(p.end - p.start for p in moved)
             if heir.waiters:
                 heir.waiters.unpark_all()
@@ -504,6 +542,8 @@ class Topic(Destination):
         """``count`` copies (``nbytes``) of ``group`` settled: wake those waiting for room."""
         group.used_bytes -= nbytes
         group.used_count -= count
+        if group.budget is not None:
+            group.budget.release(nbytes)
         if count:
             if group.waiters:
                 group.waiters.unpark_all()
@@ -522,6 +562,9 @@ class Topic(Destination):
         # the first remaining group or to the backlog, so it is never lost.
         del self._groups[g.name]  # type: ignore[arg-type]
         self._filtering -= g.filter is not None
+        if g.budget is not None:
+            # What it held is charged again below to whichever group takes it over.
+            g.budget.release(g.used_bytes)
         g.waiters.unpark_all()
         pieces, g.queue = g.queue, deque()
         moved: list[_Slice] = []

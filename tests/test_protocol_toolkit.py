@@ -334,6 +334,10 @@ class LineCodec:
         self.received += data
         self.buf.feed(data)
 
+    @property
+    def held_bytes(self) -> int:
+        return len(self.buf)
+
     def next_event(self) -> Any:
         buf = self.buf
         i = buf.find(b"\n")

@@ -66,6 +66,10 @@ class LineCodec:
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         self.buffer.feed(data)
 
+    @property
+    def held_bytes(self) -> int:
+        return len(self.buffer)
+
     def next_event(self) -> Line | ConnectionClosed | NeedData:
         buf = self.buffer
         nl = buf.find(b"\n")

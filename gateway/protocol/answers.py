@@ -56,6 +56,8 @@ class Answers:
         self._queue: deque[Answer] = deque()
         #: Unordered: settled answers, in settling order, not yet written.
         self._settled: list[tuple[AnswerFn, Receipt]] = []
+        #: Unordered: answers handed off and not settled yet (ordered: in ``_queue``).
+        self._handed: set[Answer] = set()
         self._open = 0
 
     def __len__(self) -> int:
@@ -89,7 +91,8 @@ class Answers:
         if self.ordered:
             receipt.add_done_callback(self._wake_on_settle)
         else:
-            receipt.add_done_callback(lambda r: self._on_settled(entry.answer, r))
+            self._handed.add(entry)
+            receipt.add_done_callback(lambda r: self._on_settled(entry, r))
 
     def cancel(self, entry: Answer) -> None:
         """The hand-off failed: nothing is owed for ``entry``."""
@@ -122,6 +125,21 @@ class Answers:
     def _wake_on_settle(self, _: Receipt) -> None:
         self._wake()
 
-    def _on_settled(self, answer: AnswerFn, receipt: Receipt) -> None:
-        self._settled.append((answer, receipt))
+    def _on_settled(self, entry: Answer, receipt: Receipt) -> None:
+        self._handed.discard(entry)
+        self._settled.append((entry.answer, receipt))
         self._wake()
+
+    def abandon(self, reason: str) -> int:
+        """The peer is gone: settle every handed-off receipt as failed with ``reason``.
+
+        Returns how many answers were owed. Nothing should be written after
+        this: the answers become ready, as failures, only so that the work's
+        receipts are settled and the hub forgets them.
+        """
+        owed = self._open
+        entries = list(self._queue if self.ordered else self._handed)
+        for entry in entries:
+            if entry.receipt is not None and not entry.receipt.done():
+                entry.receipt.expire(reason)
+        return owed

@@ -14,13 +14,24 @@ do with each event (:meth:`Session.handle`); the skeleton does the rest once:
 * **answers when receipts settle**: :meth:`submit` hands work to the hub and
   queues its answer in :attr:`answers`, in order or as each settles, with
   optional keepalive frames while the oldest answer waits;
-* **deadlines**: a unit (frame, window) that has started must finish within
-  ``unit_timeout``, however slowly it trickles, not counting time the reader
-  spent paused by our own backpressure; a protocol sets its own read deadline
-  (:meth:`set_deadline`) for "the peer owes us an answer";
+* **deadlines**: a unit (frame, window, line: whatever the codec holds partly
+  received) that has started must finish within ``unit_timeout``, however
+  slowly it trickles, not counting time the reader spent held up by our own
+  backpressure; a protocol sets its own read deadline (:meth:`set_deadline`)
+  for "the peer owes us an answer";
+* **the runtime's guard** (:mod:`.guard`, found on the stream): useful progress
+  (:meth:`useful` events, answers written, :meth:`progress`) restarts the
+  idle timeout, bytes alone do not; what the codec holds partly received
+  (``held_bytes``) is charged to the gateway's memory budget, a peer needing
+  more than the connection's limit is refused with a protocol error, and while
+  the budget is exhausted a connection holding partial input stops reading;
 * **end of input, shutdown and errors**: when the peer closes, what is owed
-  is still answered before the session returns; when ``shutdown`` is set the
-  session takes no new work (:meth:`draining`), stops reading unless
+  is still answered if it settles within ``linger`` seconds; then whatever is
+  left is *abandoned* (its receipts settle as failed; nothing more is
+  written). A peer that hangs up while the reader is held up by backpressure
+  is noticed without reading (:func:`~.guard.hangup_probe`) and treated the
+  same way, so a departed peer never keeps its slot. When ``shutdown`` is set
+  the session takes no new work (:meth:`draining`), stops reading unless
   :attr:`read_while_draining`, and returns once nothing is owed; when the peer
   breaks the protocol the protocol's error reply (:meth:`error_reply`) is
   flushed and the error raised, with nothing more answered;
@@ -46,6 +57,7 @@ from gateway.receipts import Receipt
 
 from .answers import AnswerFn, Answers
 from .events import NEED_DATA, ConnectionClosed
+from .guard import guard_of, hangup_probe
 
 __all__ = ["Codec", "NotKept", "Session"]
 
@@ -53,6 +65,16 @@ __all__ = ["Codec", "NotKept", "Session"]
 RECEIVE_SIZE = 65536
 #: Unsent output above which :meth:`Session.write_when_room` waits.
 HIGH_WATER = 1024 * 1024
+#: Seconds a started unit may take to arrive whole, by default.
+UNIT_TIMEOUT = 30.0
+#: Seconds after the peer closed its side for what is owed to settle, by default.
+LINGER = 10.0
+#: Seconds between checks for a peer that hung up while the reader is held up.
+HANGUP_CHECK = 1.0
+
+
+class _OverBudget(RemoteProtocolError):
+    """The peer needs more memory for partial input than its connection may hold."""
 
 
 class NotKept(Exception):
@@ -68,6 +90,12 @@ class Codec(Protocol):
     def receive_data(self, data: bytes | bytearray | memoryview) -> None: ...
 
     def next_event(self) -> Any: ...
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of received input held and not yet returned as events: unparsed
+        bytes, a partly received unit (inflated data included)."""
+        ...
 
 
 class Session:
@@ -87,8 +115,9 @@ class Session:
         max_answers: int = 1000,
         ordered: bool = True,
         keepalive: float = 0.0,
-        unit_timeout: float = 0.0,
+        unit_timeout: float = UNIT_TIMEOUT,
         write_timeout: float = 30.0,
+        linger: float = LINGER,
         high_water: int = HIGH_WATER,
         receive_size: int = RECEIVE_SIZE,
     ) -> None:
@@ -102,6 +131,10 @@ class Session:
         self.unit_timeout = unit_timeout
         #: Seconds one write may take (0: no limit).
         self.write_timeout = write_timeout
+        #: Seconds, after the peer closed its side, for what is owed to settle.
+        self.linger = linger
+        #: The runtime's protections for this connection (None: a stream of one's own).
+        self.guard = guard_of(stream)
         self.high_water = high_water
         self.receive_size = receive_size
         self.answers = Answers(max_answers, ordered=ordered, wake=self._wake_writer)
@@ -121,6 +154,10 @@ class Session:
         self._deadline = math.inf
         self._deadline_reason = ""
         self._unit_deadline = False
+        #: The reader is waiting in ``receive_some`` (it sees a close by itself).
+        self._in_receive = False
+        #: The peer closed its side (end of input, or a hang-up seen without reading).
+        self._peer_left = False
 
     # -- what a protocol overrides ----------------------------------------------------
     async def handle(self, event: Any) -> None:
@@ -131,8 +168,20 @@ class Session:
         """The writer runs: start the protocol's own tasks in :attr:`nursery`."""
 
     def partial(self) -> bool:
-        """Whether a unit (frame, window) is partly received (``unit_timeout`` runs)."""
-        return False
+        """Whether a unit (frame, window) is partly received (``unit_timeout`` runs).
+
+        By default: whether the codec holds any received bytes it has not
+        returned as events.
+        """
+        return self.codec.held_bytes > 0
+
+    def useful(self, event: Any) -> bool:
+        """Whether handling ``event`` is useful progress for the idle timeout.
+
+        True by default; a protocol says False for liveness probes (pings),
+        which must not keep an otherwise idle connection open.
+        """
+        return True
 
     def received(self) -> None:
         """Every event of one read was handled (a place for per-read bookkeeping)."""
@@ -193,7 +242,12 @@ class Session:
         answers.attach(entry, receipt)
 
     def progress(self) -> None:
-        """Something :meth:`busy` counts was paid (a delivery acked): re-check drains."""
+        """Something :meth:`busy` counts was paid (a delivery acked): re-check drains.
+
+        It is useful progress for the idle timeout, too.
+        """
+        if self.guard is not None:
+            self.guard.progress()
         if self._progress:
             self._progress.unpark_all()
 
@@ -243,64 +297,158 @@ class Session:
         error = first_leaf(group)
         assert isinstance(error, RemoteProtocolError | NotKept | trio.TooSlowError)
         self.ended_by(error)
-        self.log.warning(message, error)
+        if self.guard is None:
+            self.log.warning(message, error)
+            return
+        reason = (
+            "memory"
+            if isinstance(error, _OverBudget)
+            else "protocol_error"
+            if isinstance(error, RemoteProtocolError)
+            else "not_kept"
+            if isinstance(error, NotKept)
+            else "timeout"
+        )
+        self.guard.refused(reason)
+        if not self.guard.warn(reason, message, error):
+            self.log.warning(message, error)
 
     async def run(self) -> None:
         """Serve the connection until the input ends and what is owed is answered."""
-        async with trio.open_nursery() as nursery:
-            self.nursery = nursery
-            nursery.start_soon(self._write_loop)
-            if self.shutdown is not None:
-                nursery.start_soon(self._watch_shutdown)
-            self.started()
-            with self._reading:
-                try:
-                    await self._read_loop()
-                except RemoteProtocolError as e:
+        guard = self.guard
+        try:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                if guard is not None:
+                    guard.pending = self.pending
+                    guard.progress()
+                nursery.start_soon(self._write_loop)
+                if self.shutdown is not None:
+                    nursery.start_soon(self._watch_shutdown)
+                probe = hangup_probe(self.stream) if guard is not None else None
+                if probe is not None:
+                    nursery.start_soon(self._watch_hangup, probe)
+                self.started()
+                with self._reading:
                     try:
-                        await self._fail(e)
-                    except trio.Cancelled:
-                        # stop() or a drain ended reading while the error reply was
-                        # flushed: the error must still leave (nothing owed is answered).
-                        pass
-                    raise
-            await self._until(self._answered)
-            nursery.cancel_scope.cancel()
+                        await self._read_loop()
+                    except RemoteProtocolError as e:
+                        try:
+                            await self._fail(e)
+                        except trio.Cancelled:
+                            # stop() or a drain ended reading while the error reply was
+                            # flushed: the error must still leave (nothing owed is answered).
+                            pass
+                        raise
+                if self._peer_left:
+                    await self._linger()
+                else:
+                    await self._until(self._answered)
+                nursery.cancel_scope.cancel()
+        finally:
+            if guard is not None and guard.account is not None:
+                guard.account.hold(0)
 
     async def _read_loop(self) -> None:
         codec = self.codec
         stream = self.stream
         handle = self.handle
+        useful = self.useful
         answers = self.answers
         reading = self._reading
+        guard = self.guard
+        account = guard.account if guard is not None else None
         while True:
             if answers.full:
                 await self._pause()
             scope = self._read_scope = trio.CancelScope(deadline=self._deadline)
             with scope:
-                data = await stream.receive_some(self.receive_size)
+                if (
+                    account is not None
+                    and account.held > self.receive_size
+                    and account.budget.exhausted
+                ):
+                    # Large partial input waits for room; its unit deadline still runs,
+                    # so connections that cannot finish in time free what they hold.
+                    # A little (a cut ack line) never waits: acks are what free memory.
+                    await account.budget.wait_for_room()
+                self._in_receive = True
+                try:
+                    data = await stream.receive_some(self.receive_size)
+                finally:
+                    self._in_receive = False
             self._read_scope = None
             if scope.cancelled_caught:
                 raise trio.TooSlowError(self._deadline_reason)
             codec.receive_data(data)
-            unit_done = False
+            unit_done = progressed = False
+            started = trio.current_time()
             while True:
                 event = codec.next_event()
                 if event is NEED_DATA:
                     break
                 if isinstance(event, ConnectionClosed):
-                    self.end_of_input()
+                    self._end_of_input()
                     return
                 await handle(event)
                 if reading.cancel_called:  # stop() from handle: later events are not taken
                     return
                 unit_done = True
+                if not progressed and useful(event):
+                    progressed = True
             if not data:  # a codec that says nothing more after the end of input
-                self.end_of_input()
+                self._end_of_input()
                 return
+            if account is not None:
+                held = codec.held_bytes
+                if held > account.limit:
+                    raise _OverBudget(
+                        f"{held} bytes of partly received input exceed the connection's"
+                        f" memory limit of {account.limit} bytes"
+                    )
+                account.hold(held)
+            if progressed and guard is not None:
+                guard.progress()
             self.received()
             if self.unit_timeout:
+                if self._unit_deadline:
+                    # Time the handlers waited for the hub is our backpressure, not the peer's.
+                    self._deadline += trio.current_time() - started
                 self._arm_unit_deadline(unit_done)
+
+    def _end_of_input(self) -> None:
+        self.end_of_input()  # raises where the peer's close is an error in this role
+        self._peer_left = True
+
+    async def _linger(self) -> None:
+        """The peer closed its side: what is owed has ``linger`` seconds to settle."""
+        with trio.move_on_after(self.linger):
+            await self._until(self._answered)
+        if not self._answered():
+            self._abandon(f"its sender closed the connection; not settled within {self.linger:g}s")
+
+    def _abandon(self, reason: str) -> None:
+        """Settle what is owed as failed and stop: nothing can reach the peer any more."""
+        self._failed = True
+        owed = self.answers.abandon(reason)
+        if owed:
+            self.log.info("peer gone with %d answers owed; settled them as failed", owed)
+            if self.guard is not None:
+                self.guard.abandoned(owed)
+        self.nursery.cancel_scope.cancel()
+
+    async def _watch_hangup(self, hung_up: Callable[[], bool]) -> None:
+        """Notice a peer that hung up while the reader is held up by backpressure."""
+        while True:
+            await trio.sleep(HANGUP_CHECK)
+            if self._peer_left:
+                return
+            if not self._in_receive and self.pending() and hung_up():
+                break
+        self._peer_left = True
+        self.log.info("the peer hung up while work is pending")
+        await self._linger()
+        # Everything owed was answered in time: the reader goes on to the end of input.
 
     def _arm_unit_deadline(self, unit_done: bool) -> None:
         """A unit must finish ``unit_timeout`` after it started, not after its last byte."""
@@ -378,6 +526,8 @@ class Session:
                         ):
                             await stream.send_all(self._out)
                     raise
+                if self.guard is not None:
+                    self.guard.progress()
                 if self._progress:
                     self._progress.unpark_all()
             if not self._out:

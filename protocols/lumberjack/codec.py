@@ -115,9 +115,19 @@ class Limits:
     max_ratio: int = 100
     #: Deepest ``C`` nesting: 1 allows ``C{J}``, 2 also ``C{C{J}}``.
     max_depth: int = 2
+    #: Most bytes of events one window may hold before it is whole (inflated
+    #: events included): the memory one half-received window can take.
+    max_window_bytes: int = 64 * 2**20
 
     def __post_init__(self) -> None:
-        for name in ("max_window", "max_frame", "max_inflated", "max_ratio", "max_depth"):
+        for name in (
+            "max_window",
+            "max_frame",
+            "max_inflated",
+            "max_ratio",
+            "max_depth",
+            "max_window_bytes",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"Limits.{name} must be a non-negative integer, not {value!r}")
@@ -220,6 +230,8 @@ class ServerCodec:
         self._events: list[tuple[int, bytes | dict[str, str]]] = []
         self._remaining = 0
         self._highest = 0
+        #: Frame bytes of the events of the window being received.
+        self._window_bytes = 0
         self._win_version = VERSION_2
         self._win_size = 0
         #: Size of the last non-empty ``W``: data frames after a full window
@@ -238,6 +250,12 @@ class ServerCodec:
     def in_window(self) -> bool:
         """True while a window or a frame is partly received (time it out)."""
         return self._state is State.OPEN and (self._remaining > 0 or len(self._buffer) > 0)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes held before a window is returned: unparsed input and the events of
+        the window being received (inflated ones included)."""
+        return len(self._buffer) + self._window_bytes
 
     # -- input ----------------------------------------------------------------
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
@@ -282,6 +300,7 @@ class ServerCodec:
     def _discard(self) -> None:
         self._buffer.discard()
         self._events = []
+        self._window_bytes = 0
         self._remaining = 0
         self._dscan = None
 
@@ -378,6 +397,7 @@ class ServerCodec:
         q = p + 10 + n
         if q > end:
             return -(10 + n)
+        start = p
         remaining = self._remaining or self._open_sticky(ver)
         events = self._events
         append = events.append
@@ -398,6 +418,7 @@ class ServerCodec:
         highest = max(map(_SEQ, events[first:]))
         if highest > self._highest:
             self._highest = highest
+        self._hold(p - start)
         self._remaining = remaining
         if not remaining:
             self._flush(True)
@@ -423,6 +444,7 @@ class ServerCodec:
         self._events.append((seq, _decode_data_frame(data, p + 10, pairs)))
         if seq > self._highest:
             self._highest = seq
+        self._hold(r)
         self._remaining -= 1
         if not self._remaining:
             self._flush(True)
@@ -464,17 +486,26 @@ class ServerCodec:
         self._highest = 0
         return self._sticky
 
+    def _hold(self, nbytes: int) -> None:
+        """The window being received holds ``nbytes`` more, within ``max_window_bytes``."""
+        self._window_bytes += nbytes
+        if self._window_bytes > self.limits.max_window_bytes:
+            raise RemoteProtocolError(
+                f"a window holding more than {self.limits.max_window_bytes} bytes of events"
+            )
+
     def _flush(self, complete: bool) -> None:
         """The window being received is ready: whole, or cut short by a new ``W``."""
         version = self._win_version - 0x30
         self._ready.append(Window(version, self._win_size, self._events, self._highest, complete))
         self._events = []
+        self._window_bytes = 0
         self._remaining = 0
 
     def _inflate(self, data: bytes | bytearray, start: int, stop: int) -> bytes:
         """Inflate the zlib stream ``data[start:stop]``, refusing to exceed the bound."""
         limits = self.limits
-        bound = min(limits.max_inflated, limits.max_ratio * (stop - start))
+        bound = min(limits.max_inflated, limits.max_ratio * (stop - start), limits.max_window_bytes)
         step = max(_INFLATE_STEP, bound >> 3)
         inflater = _inflating.decompressobj()
         parts: list[bytes] = []
@@ -543,6 +574,11 @@ class ClientCodec:
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Add received bytes; ``b""`` means the peer closed its sending side."""
         self._buffer.feed(data)
+
+    @property
+    def held_bytes(self) -> int:
+        """Received bytes not yet parsed (a partial ack)."""
+        return len(self._buffer)
 
     def send_window(self, payloads: Sequence[bytes], *, compression_level: int = 3) -> bytes:
         """``W n`` + one ``C`` of ``J`` frames numbered 1..n (level 0: bare ``J``), in flight."""

@@ -62,6 +62,12 @@ class LumberjackPlugin(ProtocolPlugin):
         "max_ratio": Option(
             "int", _DEFAULT_LIMITS.max_ratio, "inflated/compressed size ratio per frame", 1
         ),
+        "max_window_bytes": Option(
+            "size",
+            _DEFAULT_LIMITS.max_window_bytes,
+            "bytes of events a window may hold before it is whole (inflated ones included)",
+            1024,
+        ),
         "keepalive": Option("duration", 5.0, "keepalive ack interval while a window waits", 0.01),
         "window_timeout": Option(
             "duration", 30.0, "time for the rest of a started window to arrive (0: none)"
@@ -95,6 +101,7 @@ class LumberjackPlugin(ProtocolPlugin):
                 max_frame=o["max_frame"],
                 max_inflated=o["max_inflated"],
                 max_ratio=o["max_ratio"],
+                max_window_bytes=o["max_window_bytes"],
             ),
             keepalive=o["keepalive"],
             max_pending_windows=o["max_pending_windows"],

@@ -120,6 +120,10 @@ class ServerSession(Session):
     def partial(self) -> bool:
         return self.codec.in_window
 
+    def useful(self, window: Window) -> bool:
+        # ``W 0`` is a liveness probe: answered, but no reason to keep an idle connection.
+        return bool(window.events)
+
     def received(self) -> None:
         self._count_inflated()
 

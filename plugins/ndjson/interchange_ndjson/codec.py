@@ -178,6 +178,11 @@ class NdjsonConnection:
         """Add received bytes; ``b""`` means the peer closed its sending side."""
         self._buf.feed(data)
 
+    @property
+    def held_bytes(self) -> int:
+        """Received bytes not yet returned as events (a partial line)."""
+        return len(self._buf)
+
     def next_event(self) -> Event | ConnectionClosed | NeedData:
         """Parse and return the next event, or :data:`NEED_DATA`."""
         if self.state is not State.OPEN:

@@ -152,6 +152,10 @@ class _ServerSession(Session):
         elif isinstance(event, Ping):
             self.write(self.codec.send(Pong()))
 
+    def useful(self, event: Event) -> bool:
+        # A ping is answered but keeps no otherwise idle connection open.
+        return not isinstance(event, Ping)
+
     def draining(self) -> None:
         """No new deliveries; publishes are answered ``failed`` (see :meth:`_submit`)."""
         self._stop_pumps()
