@@ -223,7 +223,12 @@ class ServerConnection:
         )
 
     def touch(self) -> None:
-        """Record traffic: postpones the idle timeout."""
+        """Record useful progress: postpones the idle timeout.
+
+        A :class:`~gateway.protocol.Session` reports progress by itself; a
+        protocol driving its stream by hand calls this (until it does, every
+        byte transferred counts, as before).
+        """
         self.last_activity = trio.current_time()
 
     @property

@@ -83,6 +83,26 @@ def test_run_with_config_serves_and_exits_0_on_sigterm(tmp_path: Path) -> None:
         assert proc.wait(timeout=15) == 0
 
 
+def test_exit_status_3_when_shutdown_abandons_unsettled_publishes(tmp_path: Path) -> None:
+    """It exited 0 after a drain that timed out with publishes unsettled."""
+    config = tmp_path / "gw.toml"
+    config.write_text(
+        '[gateway]\ndrain_timeout = "500ms"\n'
+        '[[listeners]]\nname = "nd"\nprotocol = "ndjson"\nbind = "127.0.0.1:0"\n'
+        '[[destinations]]\nname = "jobs"\nkind = "queue"\n'
+    )
+    proc, listeners = start(str(config), cwd=tmp_path)
+    with socket.create_connection(listeners["nd"], timeout=5) as pub:
+        try:
+            pub.sendall(b'{"op":"pub","id":1,"dest":"jobs","body":"nobody takes this"}\n')
+            time.sleep(0.3)  # handed to the hub: held by the queue, unsettled
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=15) == 3
+    assert proc.stderr is not None
+    assert "1 publishes abandoned unsettled (exit status 3)" in proc.stderr.read()
+
+
 def test_default_config_runs_every_protocol_on_its_port(tmp_path: Path) -> None:
     """`gateway run` with no config: the README's first command."""
     proc, listeners = start(cwd=tmp_path)
