@@ -1,0 +1,112 @@
+"""SIGKILL the gateway under load, again and again: nothing acked to a sender is lost.
+
+Senders → gateway process (Lumberjack listener, ``logs`` routed to a
+Lumberjack upstream) → an in-process sink. The gateway keeps what it has not
+forwarded in memory only, so a SIGKILL drops it; that is allowed only because
+nothing was acked to the senders before the sink acked it. Were the gateway to
+ack a window when it takes it in (before the upstream's ack), the events it
+held at the kill would be acked and missing from the sink.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import trio
+
+pytestmark = pytest.mark.slow
+
+KILLS = 4
+SENDERS = 3
+#: Events acked through each new gateway before the kill is armed ("under load").
+ACKED_BEFORE_KILL = 3000
+
+
+async def test_sigkill_under_load_loses_no_acked_event(
+    tmp_path: Path,
+    faults: ModuleType,
+    rng: random.Random,
+    sink_factory: Any,
+    gateway_process: Any,
+) -> None:
+    sink = sink_factory(ack_delay=0.01)
+    await sink.start()
+    port = faults.free_port()  # the listener keeps its port across restarts
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        faults.toml_config(
+            {
+                "gateway": {"drain_timeout": "1s"},
+                "listeners": [
+                    {
+                        "name": "lj",
+                        "protocol": "lumberjack",
+                        "bind": f"127.0.0.1:{port}",
+                        "destination": "logs",
+                        "keepalive": "1s",
+                    }
+                ],
+                "upstreams": [
+                    {
+                        "name": "sink",
+                        "protocol": "lumberjack",
+                        "connect": f"127.0.0.1:{sink.port}",
+                        "timeout": "5s",
+                    }
+                ],
+                "routes": [{"from": "logs", "to": ["upstream:sink"]}],
+            }
+        )
+    )
+    gw = gateway_process(config)
+    addresses = await gw.start()
+    assert addresses["lj"] == [f"127.0.0.1:{port}"]
+
+    senders = [
+        faults.AtLeastOnceSender(("127.0.0.1", port), first=k * 10**8) for k in range(SENDERS)
+    ]
+
+    def acked() -> int:
+        return sum(len(s.acked) for s in senders)
+
+    async def under_load() -> None:
+        """Wait until this gateway has acked a fair amount of traffic."""
+        target = acked() + ACKED_BEFORE_KILL
+        with trio.fail_after(30):
+            while acked() < target:
+                await trio.sleep(0.01)
+
+    stop = trio.Event()
+    t0 = trio.current_time()
+    with trio.fail_after(60):
+        async with trio.open_nursery() as sending:
+            for sender in senders:
+                sending.start_soon(sender.run, stop)
+            for kill in range(KILLS):
+                await under_load()
+                await trio.sleep(rng.uniform(0.0, 1.0))
+                await gw.kill()
+                print(f"SIGKILL {kill + 1} at {trio.current_time() - t0:.2f}s: {acked()} acked")
+                await trio.sleep(rng.uniform(0.0, 0.3))
+                await gw.start()  # same config, same ports
+            # Traffic resumes after the last restart; then each sender finishes its window.
+            await under_load()
+            stop.set()
+    elapsed = trio.current_time() - t0
+    assert await gw.stop() == 0, "\n".join(gw.log)
+
+    counts = faults.report("kill -9 under load", senders, sink)
+    errors: Counter[str] = Counter()
+    for s in senders:
+        errors += s.errors
+    print(f"{KILLS} SIGKILLs in {elapsed:.1f}s; sender connection errors: {dict(errors)}")
+    print("gateway warnings and errors (all runs):", *gw.warnings(), sep="\n  ")
+    lost = sorted({n for s in senders for n in s.acked} - set(sink.received))
+    assert not lost, f"{len(lost)} acked events lost, e.g. {lost[:10]}"
+    assert counts["sender_errors"] >= KILLS, "the kills did not hit the senders' connections"
+    assert counts["acked"] >= (KILLS + 1) * ACKED_BEFORE_KILL
