@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -48,6 +49,17 @@ async def closed_after(stream: trio.abc.Stream, limit: float) -> float:
     return trio.current_time() - start
 
 
+async def closed_while(
+    stream: trio.abc.Stream, send: Callable[[], Awaitable[None]], limit: float
+) -> float:
+    """Run ``send`` until the gateway closes ``stream``; how long that took."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send)
+        took = await closed_after(stream, limit)
+        nursery.cancel_scope.cancel()
+    return took
+
+
 async def wait_for(check: Any, limit: float = 30.0) -> None:
     with trio.fail_after(limit):
         while not check():
@@ -77,10 +89,7 @@ async def test_a_trickling_window_is_closed_within_its_timeout(autojump_clock: A
                 await trio.sleep(5)
                 await stream.send_all(bytes([byte]))
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(trickle)
-            took = await closed_after(stream, 60)
-            nursery.cancel_scope.cancel()
+        took = await closed_while(stream, trickle, 60)
         assert 29 <= took <= 36
         assert refused(gw, "lj", "timeout") == 1
         assert gw.connections("lj") == 0
@@ -98,10 +107,7 @@ async def test_a_trickling_ndjson_line_is_closed_within_the_unit_timeout(
                 await stream.send_all(bytes([byte]))
                 await trio.sleep(5)
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(trickle)
-            took = await closed_after(stream, 120)
-            nursery.cancel_scope.cancel()
+        took = await closed_while(stream, trickle, 120)
         assert 29 <= took <= 36
         assert refused(gw, "nd", "timeout") == 1
 
@@ -116,10 +122,7 @@ async def test_pings_are_not_progress_for_the_idle_timeout(autojump_clock: Any) 
                 await stream.send_all(b'{"op":"ping"}\n')
                 await trio.sleep(5)
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(ping)
-            took = await closed_after(stream, 300)
-            nursery.cancel_scope.cancel()
+        took = await closed_while(stream, ping, 300)
         assert 55 <= took <= 66
         assert refused(gw, "nd", "idle") == 1
 

@@ -153,7 +153,11 @@ class Session:
         self._read_scope: trio.CancelScope | None = None
         self._deadline = math.inf
         self._deadline_reason = ""
-        self._unit_deadline = False
+        #: When the unit partly received now started (None: none is).
+        self._unit_started: float | None = None
+        #: Why the unit watchdog cancelled the read ("" while it has not).
+        self._unit_expired = ""
+        self._unit_begun = trio.lowlevel.ParkingLot()
         #: The reader is waiting in ``receive_some`` (it sees a close by itself).
         self._in_receive = False
         #: The peer closed its side (end of input, or a hang-up seen without reading).
@@ -255,7 +259,6 @@ class Session:
         """Fail reading with ``trio.TooSlowError(reason)`` if no data arrives by ``deadline``."""
         self._deadline = deadline
         self._deadline_reason = reason
-        self._unit_deadline = False
         if self._read_scope is not None:
             self._read_scope.deadline = deadline
 
@@ -325,6 +328,8 @@ class Session:
                 nursery.start_soon(self._write_loop)
                 if self.shutdown is not None:
                     nursery.start_soon(self._watch_shutdown)
+                if self.unit_timeout:
+                    nursery.start_soon(self._watch_units)
                 probe = hangup_probe(self.stream) if guard is not None else None
                 if probe is not None:
                     nursery.start_soon(self._watch_hangup, probe)
@@ -379,10 +384,9 @@ class Session:
                     self._in_receive = False
             self._read_scope = None
             if scope.cancelled_caught:
-                raise trio.TooSlowError(self._deadline_reason)
+                raise trio.TooSlowError(self._unit_expired or self._deadline_reason)
             codec.receive_data(data)
-            unit_done = progressed = False
-            started = trio.current_time()
+            progressed = False
             while True:
                 event = codec.next_event()
                 if event is NEED_DATA:
@@ -390,10 +394,10 @@ class Session:
                 if isinstance(event, ConnectionClosed):
                     self._end_of_input()
                     return
+                self._unit_started = None  # a unit arrived whole: its clock stops
                 await handle(event)
                 if reading.cancel_called:  # stop() from handle: later events are not taken
                     return
-                unit_done = True
                 if not progressed and useful(event):
                     progressed = True
             if not data:  # a codec that says nothing more after the end of input
@@ -411,10 +415,7 @@ class Session:
                 guard.progress()
             self.received()
             if self.unit_timeout:
-                if self._unit_deadline:
-                    # Time the handlers waited for the hub is our backpressure, not the peer's.
-                    self._deadline += trio.current_time() - started
-                self._arm_unit_deadline(unit_done)
+                self._unit_check()
 
     def _end_of_input(self) -> None:
         self.end_of_input()  # raises where the peer's close is an error in this role
@@ -450,29 +451,48 @@ class Session:
         await self._linger()
         # Everything owed was answered in time: the reader goes on to the end of input.
 
-    def _arm_unit_deadline(self, unit_done: bool) -> None:
-        """A unit must finish ``unit_timeout`` after it started, not after its last byte."""
-        if unit_done and self._unit_deadline:
-            # The unit the deadline was for arrived; one still partial started in this read.
-            self.clear_deadline()
-        if self.partial():
-            if self._deadline == math.inf:
-                timeout = self.unit_timeout
-                self.set_deadline(
-                    trio.current_time() + timeout,
-                    f"a unit that started arriving did not finish within {timeout:g}s",
-                )
-                self._unit_deadline = True
-        elif self._unit_deadline:
-            self.clear_deadline()
+    def _unit_check(self) -> None:
+        """After a read: is a unit partly received, and since when?"""
+        if not self.partial():
+            self._unit_started = None
+        elif self._unit_started is None:  # a unit started in this read
+            self._unit_started = trio.current_time()
+            if self._unit_begun:
+                self._unit_begun.unpark_all()
+
+    async def _watch_units(self) -> None:
+        """A unit must be whole ``unit_timeout`` after it started, however it trickles.
+
+        One timer task per session instead of a deadline per read: in steady
+        traffic most reads end inside a unit, and re-arming trio's deadline
+        on each would cost more than the read. Time the reader spent held up
+        by our own backpressure moves the unit's start on (:meth:`_pause`).
+        """
+        timeout = self.unit_timeout
+        while True:
+            started = self._unit_started
+            if started is None:
+                await self._unit_begun.park()
+                continue
+            now = trio.current_time()
+            if now < started + timeout:
+                await trio.sleep_until(started + timeout)
+                continue
+            scope = self._read_scope
+            if scope is None:  # held up by our own backpressure: its end moves the start
+                await trio.sleep(min(1.0, timeout))
+                continue
+            self._unit_expired = f"a unit that started arriving did not finish within {timeout:g}s"
+            scope.cancel()
+            return
 
     async def _pause(self) -> None:
         """Wait for room among the answers; the pause does not count against the peer."""
         paused = trio.current_time()
         while self.answers.full:
             await self._progress.park()
-        if self._unit_deadline:  # a protocol's own deadline is about the peer: it stands
-            self._deadline += trio.current_time() - paused
+        if self._unit_started is not None:
+            self._unit_started += trio.current_time() - paused
 
     async def _fail(self, error: RemoteProtocolError) -> None:
         """Nothing more is answered; the error reply (if any) goes out, then we close."""
