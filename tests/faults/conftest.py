@@ -25,7 +25,7 @@ import struct
 import subprocess
 import sys
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -192,6 +192,19 @@ class LumberjackSink:
 
 
 # -- the sender: at least once --------------------------------------------------------
+
+
+def acked_total(senders: Sequence[AtLeastOnceSender]) -> int:
+    """Events acked to all of ``senders`` so far."""
+    return sum(len(s.acked) for s in senders)
+
+
+async def until_acked(senders: Sequence[AtLeastOnceSender], more: int, limit: float = 30) -> None:
+    """Wait until ``senders`` got ``more`` events acked (the gateway is under load)."""
+    target = acked_total(senders) + more
+    with trio.fail_after(limit):
+        while acked_total(senders) < target:
+            await trio.sleep(0.01)
 
 
 class AtLeastOnceSender:

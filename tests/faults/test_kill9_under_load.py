@@ -71,16 +71,6 @@ async def test_sigkill_under_load_loses_no_acked_event(
         faults.AtLeastOnceSender(("127.0.0.1", port), first=k * 10**8) for k in range(SENDERS)
     ]
 
-    def acked() -> int:
-        return sum(len(s.acked) for s in senders)
-
-    async def under_load() -> None:
-        """Wait until this gateway has acked a fair amount of traffic."""
-        target = acked() + ACKED_BEFORE_KILL
-        with trio.fail_after(30):
-            while acked() < target:
-                await trio.sleep(0.01)
-
     stop = trio.Event()
     t0 = trio.current_time()
     with trio.fail_after(60):
@@ -88,14 +78,15 @@ async def test_sigkill_under_load_loses_no_acked_event(
             for sender in senders:
                 sending.start_soon(sender.run, stop)
             for kill in range(KILLS):
-                await under_load()
+                await faults.until_acked(senders, ACKED_BEFORE_KILL)
                 await trio.sleep(rng.uniform(0.0, 1.0))
                 await gw.kill()
-                print(f"SIGKILL {kill + 1} at {trio.current_time() - t0:.2f}s: {acked()} acked")
+                at = trio.current_time() - t0
+                print(f"SIGKILL {kill + 1} at {at:.2f}s: {faults.acked_total(senders)} acked")
                 await trio.sleep(rng.uniform(0.0, 0.3))
                 await gw.start()  # same config, same ports
             # Traffic resumes after the last restart; then each sender finishes its window.
-            await under_load()
+            await faults.until_acked(senders, ACKED_BEFORE_KILL)
             stop.set()
     elapsed = trio.current_time() - t0
     assert await gw.stop() == 0, "\n".join(gw.log)

@@ -60,15 +60,6 @@ async def test_upstream_restarts_lose_no_acked_event_and_the_gateway_reconnects(
             faults.AtLeastOnceSender(address, first=k * 10**8, timeout=30) for k in range(SENDERS)
         ]
 
-        def acked() -> int:
-            return sum(len(s.acked) for s in senders)
-
-        async def under_load() -> None:
-            target = acked() + ACKED_BEFORE_KILL
-            with trio.fail_after(30):
-                while acked() < target:
-                    await trio.sleep(0.01)
-
         stop = trio.Event()
         reconnects: list[tuple[float, float, float]] = []
         with trio.fail_after(70):
@@ -76,18 +67,20 @@ async def test_upstream_restarts_lose_no_acked_event_and_the_gateway_reconnects(
                 for sender in senders:
                     sending.start_soon(sender.run, stop)
                 for restart in range(RESTARTS):
-                    await under_load()
+                    await faults.until_acked(senders, ACKED_BEFORE_KILL)
                     await trio.sleep(rng.uniform(0.0, 0.5))
                     await sink.kill()
                     await trio.sleep(ACK_GRACE)
-                    acked_when_down = acked()
+                    acked_when_down = faults.acked_total(senders)
                     await trio.sleep(rng.uniform(0.2, 2.0))
-                    assert acked() == acked_when_down, "events were acked while the sink was down"
+                    assert faults.acked_total(senders) == acked_when_down, (
+                        "events were acked while the sink was down"
+                    )
                     restarted = trio.current_time()
                     await sink.start()  # the same port
                     with trio.fail_after(BACKOFF_MAX + 3):
                         first_event = await sink.wait_first_event() - restarted
-                        while acked() == acked_when_down:
+                        while faults.acked_total(senders) == acked_when_down:
                             await trio.sleep(0.005)
                     first_ack = trio.current_time() - restarted
                     reconnects.append((first_event, first_ack, restarted))
@@ -95,7 +88,7 @@ async def test_upstream_restarts_lose_no_acked_event_and_the_gateway_reconnects(
                         f"restart {restart + 1}: first event at the sink after "
                         f"{first_event:.2f}s, first ack to a sender after {first_ack:.2f}s"
                     )
-                await under_load()
+                await faults.until_acked(senders, ACKED_BEFORE_KILL)
                 stop.set()
 
     counts = faults.report("upstream restarts", senders, sink)
