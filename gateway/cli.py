@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -56,6 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level or config.gateway.log_level)
     if config.path is None:
         log.info("no config file given: running the embedded default configuration")
+    _warn_about(config)
     try:
         gateway = trio.run(_run, config)
     except BaseExceptionGroup as eg:
@@ -75,6 +77,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         return EXIT_ABANDONED
     return 0
+
+
+def _warn_about(config: Config) -> None:
+    """Say what would otherwise fail silently: broken plugins, a config that does nothing."""
+    registry = default_registry()
+    for kind, registrations in (
+        ("protocol", registry.protocols),
+        ("transport", registry.transports),
+    ):
+        for name, reg in registrations.items():
+            if reg.error:
+                log.warning(
+                    "%s plugin %r (%s %s) failed to load and is not available: %s",
+                    kind,
+                    name,
+                    reg.distribution,
+                    reg.version,
+                    reg.error,
+                )
+    if not config.listeners and not config.upstreams:
+        log.warning(
+            "%s has no listeners and no upstreams: the gateway will do nothing",
+            config.path or "the config",
+        )
 
 
 async def _run(config: Config) -> Gateway:
@@ -153,6 +179,12 @@ def _transport_detail(registry: Registry, plugin: Transport | StreamLayer) -> st
     return "  schemes " + (", ".join(plugin.schemes) or "-")
 
 
+def cmd_tap(args: argparse.Namespace) -> int:
+    from .tap_client import follow
+
+    return follow(args.url, args.destination, filter=args.filter, fmt=args.format, limit=args.limit)
+
+
 def cmd_certs_init(args: argparse.Namespace) -> int:
     from .certs import init_dir
 
@@ -186,6 +218,19 @@ def build_parser() -> argparse.ArgumentParser:
     plugins = sub.add_parser("plugins", help="list registered protocols and transports")
     plugins.set_defaults(func=cmd_plugins)
 
+    tap = sub.add_parser(
+        "tap",
+        help="watch the messages stored into a destination, passively (never holds an ack)",
+    )
+    tap.add_argument("destination", help="a destination name or glob (logs, logs-*)")
+    tap.add_argument(
+        "--filter", help='a header filter as ndjson\'s sub takes it: {"level":"error"}'
+    )
+    tap.add_argument("--format", choices=("json", "pretty"), default="json")
+    tap.add_argument("--url", default="http://127.0.0.1:9465", help="the gateway's admin API")
+    tap.add_argument("--limit", type=int, default=0, help="stop after this many messages")
+    tap.set_defaults(func=cmd_tap)
+
     certs = sub.add_parser("certs", help="development certificates")
     certs_sub = certs.add_subparsers(dest="certs_command", required=True)
     init = certs_sub.add_parser("init", help="create a CA, a server and a client certificate")
@@ -203,7 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:
+        # The reader went away (`gateway plugins | head`): not an error of ours.
+        # Point stdout at /dev/null so that the interpreter's final flush is quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

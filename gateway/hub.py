@@ -38,6 +38,7 @@ from .destination import (
 from .model import Message, Outcome
 from .receipts import Receipt
 from .routing import UPSTREAM_PREFIX, Router
+from .tap import Tap
 from .topic import Topic, TopicLimits
 
 if TYPE_CHECKING:
@@ -96,6 +97,8 @@ class Hub:
         self._calls = 0
         self._timer = trio.lowlevel.ParkingLot()
         self._timers_running = False
+        #: Passive views of what is stored (``gateway tap``), never part of a receipt.
+        self._taps: list[Tap] = []
 
     # -- destinations -----------------------------------------------------------
     def destination(self, name: str) -> Destination:
@@ -120,6 +123,22 @@ class Hub:
             d = Topic(name, self._topic_limits, kind="queue" if queue else "topic")
         self._destinations[name] = d
         return d
+
+    def tap(self, pattern: str, filter: Filter | None = None) -> Tap:
+        """A passive view of the messages stored into destinations matching ``pattern``.
+
+        It holds no credit, takes no part in any receipt and never slows a
+        publisher: what its reader does not take in time is dropped and
+        counted (:attr:`Tap.dropped`). Close it with :meth:`untap`.
+        """
+        tap = Tap(pattern, filter)
+        self._taps.append(tap)
+        return tap
+
+    def untap(self, tap: Tap) -> None:
+        tap.close()
+        if tap in self._taps:
+            self._taps.remove(tap)
 
     def destinations(self) -> dict[str, Destination]:
         """A snapshot of the destinations that exist now."""
@@ -229,6 +248,10 @@ class Hub:
                 receipt.settle_range(base, base + len(copies), Outcome.REJECTED, str(e))
                 continue
             await dest.put_many(copies, receipt, base)
+            if self._taps:
+                for tap in self._taps:
+                    if tap.watches(target):
+                        tap.offer(target, copies)
 
     # -- call deadlines -------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

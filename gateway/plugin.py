@@ -16,7 +16,9 @@ protocol can connect to directly (a transparent proxy's pool).
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import time
 from abc import ABC
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -301,13 +303,37 @@ class Upstream:
             try:
                 stream, info = await self._connector(address)
             except (OSError, trio.TooSlowError, trio.BrokenResourceError) as e:
-                errors.append(f"{address}: {e or type(e).__name__}")
+                errors.append(f"{address}: {describe_error(e)}")
                 continue
             self._next_address = index
             return stream, info
         # Next round starts after the one that failed first, spreading reconnects.
         self._next_address = (self._next_address + 1) % len(addresses)
         raise OSError("; ".join(errors) or "no address to connect to")
+
+
+def describe_error(error: BaseException) -> str:
+    """Name what went wrong with a connection, down to the socket error.
+
+    trio's "all attempts to connect to … failed" keeps the reason (the
+    ``ConnectionRefusedError``) in its cause; an operator needs the reason.
+    """
+    seen: list[BaseException] = []
+    pending: list[BaseException] = [error]
+    while pending and len(seen) < 16:
+        e = pending.pop(0)
+        seen.append(e)
+        if isinstance(e, BaseExceptionGroup):
+            pending.extend(e.exceptions)
+        if e.__cause__ is not None:
+            pending.append(e.__cause__)
+    for e in seen:
+        code = getattr(e, "errno", None)
+        if isinstance(code, int) and code in errno.errorcode:
+            return f"{errno.errorcode[code]} ({os.strerror(code)})"
+    if isinstance(error, trio.TooSlowError):
+        return f"timed out{': ' + str(error) if str(error) else ''}"
+    return str(error) or type(error).__name__
 
 
 @dataclass(slots=True)
@@ -397,7 +423,10 @@ class UpstreamContext:
 
         A session that returns ended cleanly (say, a connection TTL): reconnect
         at once. One that loses its connection, times out or meets a protocol
-        error is logged, and the next connection waits out the backoff.
+        error is logged, and the next connection waits out the backoff. The
+        backoff starts over only after a connection that lasted
+        ``backoff_max``: a peer that accepts and drops every connection is
+        retried ever more slowly, not twice a second.
         """
         while True:
             try:
@@ -408,20 +437,26 @@ class UpstreamContext:
                 self.log.warning("cannot connect (%s); retrying in %gs", e, delay)
                 await trio.sleep(delay)
                 continue
-            self.backoff.reset()
             self.log.info("connected to %s", info.peer)
             self._connects.inc()
             self._connected.set(1)
+            connected_at = trio.current_time()
+            lost = False
             try:
                 async with stream:
                     await session(stream, info)
-                continue
             except* _CONNECTION_LOST as eg:
+                lost = True
                 self._failures.inc()
-                self.log.warning("connection to %s lost: %s", info.peer, first_leaf(eg))
+                self.log.warning(
+                    "connection to %s lost: %s", info.peer, describe_error(first_leaf(eg))
+                )
             finally:
                 self._connected.set(0)
-            await self.backoff.sleep()
+            if not lost or trio.current_time() - connected_at >= self.backoff.maximum:
+                self.backoff.reset()
+            if lost:
+                await self.backoff.sleep()
 
     def subscribe(
         self, *, max_unacked: int = 4096, max_unacked_bytes: int | None = None

@@ -1,0 +1,96 @@
+"""Failures that used to pass without a word: each is now said, or slowed down."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from harness import running_gateway
+
+from gateway import cli
+from gateway.config import parse
+from gateway.registry import Registered, Registry, default_registry
+
+
+def _upstream_config(address: str) -> dict[str, Any]:
+    return {
+        "listeners": [],
+        "upstreams": [{"name": "sink", "protocol": "lumberjack", "connect": [address]}],
+    }
+
+
+async def test_an_upstream_that_accepts_and_drops_backs_off(autojump_clock: Any) -> None:
+    """It reconnected every half second forever: the backoff started over at each connect."""
+    accepted: list[float] = []
+
+    async def drop(stream: trio.SocketStream) -> None:
+        accepted.append(trio.current_time())
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        [listener] = await nursery.start(
+            functools.partial(trio.serve_tcp, host="127.0.0.1"), drop, 0
+        )
+        port = listener.socket.getsockname()[1]
+        async with running_gateway(_upstream_config(f"127.0.0.1:{port}")):
+            await trio.sleep(60)
+        nursery.cancel_scope.cancel()
+    # 0.5 s doubling to 5 s: about 14 attempts in a minute, not 120.
+    assert 8 <= len(accepted) <= 16, accepted
+    gaps = [b - a for a, b in itertools.pairwise(accepted)]
+    assert max(gaps) >= 4.5
+
+
+async def test_connection_refused_is_named_in_the_upstream_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING)
+    with trio.socket.socket() as probe:  # a port with nobody listening
+        await probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    async with running_gateway(_upstream_config(f"127.0.0.1:{port}")):
+        await trio.sleep(0.3)
+    lines = [r.getMessage() for r in caplog.records if "cannot connect" in r.getMessage()]
+    assert lines, caplog.text
+    assert "ECONNREFUSED (Connection refused)" in lines[0]
+
+
+def test_gateway_plugins_into_a_closed_pipe_prints_no_traceback() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "plugins"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    proc.stdout.close()  # like `| head -0`: the reader is gone before anything is written
+    _, err = proc.communicate(timeout=60)
+    assert b"Traceback" not in err
+    assert b"BrokenPipeError" not in err
+    assert proc.returncode == 0
+
+
+def test_a_broken_plugin_is_a_warning_on_every_run(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    base = default_registry()
+    broken = Registered("widget", "widget.plugin:Widget", "widget-gw", "1.0", error="No module")
+    registry = Registry({**base.protocols, "widget": broken}, base.transports)
+    monkeypatch.setattr(cli, "default_registry", lambda: registry)
+    caplog.set_level(logging.WARNING)
+    config = parse({"listeners": [{"name": "nd", "protocol": "ndjson", "bind": "127.0.0.1:0"}]})
+    cli._warn_about(config)
+    assert "protocol plugin 'widget' (widget-gw 1.0) failed to load" in caplog.text
+    assert "No module" in caplog.text
+
+
+def test_an_empty_config_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    cli._warn_about(parse({}))
+    assert "has no listeners and no upstreams" in caplog.text
