@@ -52,6 +52,11 @@ class Catalog:
         self._defaults = defaults
         self._patterns = [(compile_glob(s.name), s) for s in self.specs]
 
+    def replace(self, specs: Iterable[DestinationSpec]) -> None:
+        """New declarations (a reload): they apply to destinations created from now on."""
+        self.specs = list(specs)
+        self._patterns = [(compile_glob(s.name), s) for s in self.specs]
+
     def spec(self, name: str) -> DestinationSpec | None:
         """The entry that configures ``name``, if any."""
         if name.startswith(UPSTREAM_PREFIX):

@@ -36,12 +36,10 @@ def _load(path: str | None) -> Config:
     return load(path) if path else default_config()
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def _setup_logging(level: str, fmt: str = "text") -> None:
+    from .logsetup import setup_logging
+
+    setup_logging(level, fmt, unless_configured=True)
 
 
 #: ``gateway run`` stopped, but abandoned unsettled publishes (see the module docstring).
@@ -54,7 +52,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 1
-    _setup_logging(args.log_level or config.gateway.log_level)
+    _setup_logging(
+        args.log_level or config.gateway.log_level, args.log_format or config.gateway.log_format
+    )
     if config.path is None:
         log.info("no config file given: running the embedded default configuration")
     _warn_about(config)
@@ -77,6 +77,39 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         return EXIT_ABANDONED
     return 0
+
+
+async def _reload(gateway: Gateway) -> None:
+    from .reload import ReloadRefused, reload_file
+
+    log.info("SIGHUP: reloading %s", gateway.config.path or "the config")
+    try:
+        await reload_file(gateway)
+    except ReloadRefused as e:
+        log.error("reload refused: %s", e)
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    """Ask a running gateway to reload its config, over its admin API."""
+    import http.client
+    import json
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(args.url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=60)
+    try:
+        conn.request("POST", "/api/reload")
+        answer = json.loads(conn.getresponse().read() or b"{}")
+    except (OSError, ValueError) as e:
+        print(f"reload: cannot reach the admin API at {args.url}: {e}", file=sys.stderr)
+        return 1
+    finally:
+        conn.close()
+    if answer.get("reloaded"):
+        print(f"reloaded: {answer.get('changes', '')}")
+        return 0
+    print(f"reload refused: {answer.get('error', answer)}", file=sys.stderr)
+    return 1
 
 
 def _warn_about(config: Config) -> None:
@@ -115,9 +148,13 @@ async def _run(config: Config) -> Gateway:
 
 
 async def _watch_signals(gateway: Gateway, scope: trio.CancelScope) -> None:
-    """First SIGINT/SIGTERM: drain and stop. A second one: stop now."""
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    """First SIGINT/SIGTERM: drain and stop. A second one: stop now. SIGHUP: reload."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async for signum in signals:
+            if signum == signal.SIGHUP:
+                # In the background, so that signals keep coming; reloads queue up.
+                gateway.spawn(_reload, gateway)
+                continue
             if gateway.draining.is_set():
                 log.warning("second %s: stopping now", signal.Signals(signum).name)
                 scope.cancel()
@@ -185,6 +222,12 @@ def cmd_tap(args: argparse.Namespace) -> int:
     return follow(args.url, args.destination, filter=args.filter, fmt=args.format, limit=args.limit)
 
 
+def cmd_top(args: argparse.Namespace) -> int:
+    from .top import main as top
+
+    return top(args.url, once=args.once, interval=args.interval)
+
+
 def cmd_certs_init(args: argparse.Namespace) -> int:
     from .certs import init_dir
 
@@ -208,7 +251,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the gateway (the embedded default without CONFIG)")
     run.add_argument("config", nargs="?", help="a TOML config file")
-    run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    run.add_argument("--log-level", type=str.lower, choices=("debug", "info", "warning", "error"))
+    run.add_argument(
+        "--log-format",
+        type=str.lower,
+        choices=("text", "json"),
+        help="text (default) or json: one JSON object per line",
+    )
     run.set_defaults(func=cmd_run)
 
     check = sub.add_parser("check", help="validate a config file without binding anything")
@@ -217,6 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     plugins = sub.add_parser("plugins", help="list registered protocols and transports")
     plugins.set_defaults(func=cmd_plugins)
+
+    reload = sub.add_parser(
+        "reload", help="make a running gateway re-read its config (as SIGHUP does)"
+    )
+    reload.add_argument("--url", default="http://127.0.0.1:9465", help="the gateway's admin API")
+    reload.set_defaults(func=cmd_reload)
 
     tap = sub.add_parser(
         "tap",
@@ -230,6 +285,12 @@ def build_parser() -> argparse.ArgumentParser:
     tap.add_argument("--url", default="http://127.0.0.1:9465", help="the gateway's admin API")
     tap.add_argument("--limit", type=int, default=0, help="stop after this many messages")
     tap.set_defaults(func=cmd_tap)
+
+    top = sub.add_parser("top", help="a live view of a running gateway's status (admin API)")
+    top.add_argument("--url", default="http://127.0.0.1:9465", help="the gateway's admin API")
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    top.set_defaults(func=cmd_top)
 
     certs = sub.add_parser("certs", help="development certificates")
     certs_sub = certs.add_subparsers(dest="certs_command", required=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 from .catalog import DestinationSpec
 from .hub import HubLimits
+from .logsetup import check_format, check_level
 from .model import MESSAGE_OVERHEAD
 from .options import REQUIRED, Option
 from .plugin import ListenerSettings, ProtocolPlugin, UpstreamSettings
@@ -35,6 +36,8 @@ _INDEX = re.compile(r"\[\d+\]")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 #: The metrics endpoint's port in the embedded default (Prometheus exporters' 9464).
 DEFAULT_METRICS_PORT = 9464
+#: The admin API's and status page's port in the embedded default.
+DEFAULT_ADMIN_PORT = 9465
 
 
 class ConfigError(Exception):
@@ -50,6 +53,8 @@ class GatewaySettings:
     data_dir: Path = Path("data")
     drain_timeout: float = 10.0
     log_level: str = "info"
+    #: ``text`` or ``json`` (one JSON object per line).
+    log_format: str = "text"
     limits: HubLimits = field(default_factory=HubLimits)
 
 
@@ -69,6 +74,12 @@ class Config:
     metrics_max_connections: int = 16
     #: Seconds a metrics client has to send each request (``[metrics] idle_timeout``).
     metrics_idle_timeout: float = 10.0
+    #: Where the admin API and status page are served (``[admin] bind``); None: nowhere.
+    admin_bind: str | None = None
+    #: Connections the admin endpoint serves at once (``[admin] max_connections``).
+    admin_max_connections: int = 16
+    #: Seconds an admin client has to send each request (``[admin] idle_timeout``).
+    admin_idle_timeout: float = 10.0
 
 
 class _Errors:
@@ -337,7 +348,8 @@ def parse(
     gateway = GatewaySettings(
         data_dir=_path(base, gw.get("data_dir", "str", "data")) or base / "data",
         drain_timeout=gw.get("drain_timeout", "duration", 10.0),
-        log_level=gw.get("log_level", "str", "info", choices=LOG_LEVELS),
+        log_level=str(gw.get("log_level", "str", "info", check=check_level)).lower(),
+        log_format=str(gw.get("log_format", "str", "text", check=check_format)).lower(),
         limits=limits,
     )
     gw.finish()
@@ -405,8 +417,30 @@ def parse(
             for i, ls in indexed_listeners:
                 if ls.bind == metrics_bind:
                     errors.add(metrics.key("bind"), f"is also the bind of listeners[{i}]")
+    admin_bind = None
+    admin_max_connections, admin_idle_timeout = 16, 10.0
+    admin = root.table("admin")
+    if admin is not None and admin.ok:
+        admin_bind = admin.get(
+            "bind", "str", check=_check_address(registry, plain=True, what="admin")
+        )
+        admin_max_connections = admin.get("max_connections", "int", 16, minimum=1)
+        admin_idle_timeout = admin.get("idle_timeout", "duration", 10.0, minimum=0.01)
+        admin.finish()
+        if admin_bind is not None and not _any_port(admin_bind):
+            for i, ls in indexed_listeners:
+                if ls.bind == admin_bind:
+                    errors.add(admin.key("bind"), f"is also the bind of listeners[{i}]")
+            if admin_bind == metrics_bind:
+                errors.add(admin.key("bind"), "is also the bind of metrics")
+    _overlapping_binds(
+        errors,
+        [(f"listeners[{i}].bind", ls.bind) for i, ls in indexed_listeners]
+        + [("metrics.bind", metrics_bind), ("admin.bind", admin_bind)],
+    )
     root.finish(
-        "top-level tables are gateway, metrics, listeners, upstreams, routes and destinations"
+        "top-level tables are gateway, metrics, admin, listeners, upstreams, routes and"
+        " destinations"
     )
 
     if errors.items:
@@ -420,6 +454,9 @@ def parse(
         metrics_bind=metrics_bind,
         metrics_max_connections=metrics_max_connections,
         metrics_idle_timeout=metrics_idle_timeout,
+        admin_bind=admin_bind,
+        admin_max_connections=admin_max_connections,
+        admin_idle_timeout=admin_idle_timeout,
     )
 
 
@@ -484,6 +521,39 @@ def _check_groups(groups: list[str]) -> None:
         _check_name(g)
 
 
+_WILDCARDS = {"", "*", "0.0.0.0", "::", "[::]"}
+
+
+def _overlapping_binds(errors: _Errors, binds: list[tuple[str, str | None]]) -> None:
+    """Refuse a TCP port bound twice where the addresses overlap.
+
+    ``127.0.0.1:7070`` beside ``0.0.0.0:7070`` passes on some systems and
+    fails on others (or takes traffic away from one of them): a wildcard
+    address covers every specific one on the same port. Identical binds are
+    reported where they are checked already.
+    """
+    seen: list[tuple[str, str, int]] = []
+    for key, bind in binds:
+        if bind is None or bind.startswith("unix:") or _any_port(bind):
+            continue
+        host, _, port_text = bind.rpartition(":")
+        if not port_text.isdigit():
+            continue
+        port = int(port_text)
+        for other_key, other_host, other_port in seen:
+            if (
+                port == other_port
+                and host != other_host
+                and (host in _WILDCARDS or other_host in _WILDCARDS)
+            ):
+                errors.add(
+                    key,
+                    f"{bind} overlaps {other_key} ({other_host or '*'}:{other_port}):"
+                    " a wildcard address already covers every address on that port",
+                )
+        seen.append((key, host, port))
+
+
 def _any_port(bind: str) -> bool:
     """A TCP bind to port 0 (the OS picks a free port); ``unix:/x:0`` is a path."""
     return bind.endswith(":0") and not bind.startswith("unix:")
@@ -523,8 +593,11 @@ def _unique(errors: _Errors, table: str, values: list[tuple[int, str]], key: str
         seen.add(v)
 
 
-def _check_address(registry: Registry, *, plain: bool = False) -> Callable[[str], None]:
-    """Check an address with the transport that claims it (``plain``: one without a handshake)."""
+def _check_address(
+    registry: Registry, *, plain: bool = False, what: str = "metrics"
+) -> Callable[[str], None]:
+    """Check an address with the transport that claims it (``plain``: one without a handshake,
+    for the ``what`` endpoint)."""
 
     def check(address: str) -> None:
         try:
@@ -535,7 +608,7 @@ def _check_address(registry: Registry, *, plain: bool = False) -> Callable[[str]
         if plain and transport.handshakes:
             raise ValueError(
                 f"the {transport.name} transport has a handshake of its own, and the "
-                "metrics endpoint is plain HTTP (use host:port or unix:)"
+                f"{what} endpoint is plain HTTP (use host:port or unix:)"
             )
 
     return check
@@ -687,6 +760,7 @@ def default_config(registry: Registry | None = None, base_dir: Path | None = Non
     data = {
         "gateway": {"data_dir": "data"},
         "metrics": {"bind": f"127.0.0.1:{DEFAULT_METRICS_PORT}"},
+        "admin": {"bind": f"127.0.0.1:{DEFAULT_ADMIN_PORT}"},
         "listeners": listeners,
         "destinations": [{"name": name, "kind": "queue"} for name in queues],
     }

@@ -35,6 +35,7 @@ from .destination import (
     StopAt,
     Subscription,
 )
+from .metrics import publish_reason
 from .model import Message, Outcome
 from .receipts import Receipt
 from .routing import UPSTREAM_PREFIX, Router
@@ -89,6 +90,10 @@ class Hub:
         self._destinations: dict[str, Destination] = {}
         self._upstreams = set(upstreams)
         self._inflight = 0
+        #: Settled publishes: how many were delivered, and the others by (outcome,
+        #: reason class); plain counts that the metrics read at scrape time.
+        self.delivered = 0
+        self.not_delivered: dict[tuple[Outcome, str], int] = {}
         self._idle = trio.lowlevel.ParkingLot()
         self._closed = False
         #: Call deadlines: ``(reply_by, n, receipt, reason)``, soonest first.
@@ -123,6 +128,10 @@ class Hub:
             d = Topic(name, self._topic_limits, kind="queue" if queue else "topic")
         self._destinations[name] = d
         return d
+
+    def add_upstream(self, name: str) -> None:
+        """``upstream:NAME`` may be created from now on (a reload added the upstream)."""
+        self._upstreams.add(name)
 
     def tap(self, pattern: str, filter: Filter | None = None) -> Tap:
         """A passive view of the messages stored into destinations matching ``pattern``.
@@ -227,6 +236,10 @@ class Hub:
                 if i == len(messages) or names[i] != names[start]:
                     await self._route(messages[start:i], receipt, start)
                     start = i
+        except trio.ClosedResourceError as e:
+            # Shutdown closed a target under the publish: it fails (nobody gets this receipt).
+            receipt.expire(str(e))
+            raise
         finally:
             # Legs already handed out still settle; the receipt settles after them.
             receipt.seal()
@@ -280,8 +293,14 @@ class Hub:
             self._deadlines = [d for d in self._deadlines if not d[2].done()]
             heapq.heapify(self._deadlines)
 
-    def _settled(self, _: Receipt) -> None:
+    def _settled(self, receipt: Receipt) -> None:
         self._inflight -= 1
+        outcome = receipt.outcome
+        if outcome is Outcome.DELIVERED:
+            self.delivered += 1
+        elif outcome is not None:
+            key = (outcome, publish_reason(receipt.reason))
+            self.not_delivered[key] = self.not_delivered.get(key, 0) + 1
         if self._inflight == 0 and self._idle:
             self._idle.unpark_all()
 

@@ -206,6 +206,9 @@ class MemoryLog(Destination):
         #: Publishers waiting for room.
         self._space = trio.lowlevel.ParkingLot()
         self._closed = False
+        #: Deliveries handed out and acked: plain counts for the metrics.
+        self.delivered = 0
+        self.acked = 0
         self._info = DestinationInfo(
             name,
             "log",
@@ -676,6 +679,7 @@ class LogSubscription(Subscription):
         self._unacked_bytes = held
         if self._credit is not None:
             self._credit -= len(out)
+        log.delivered += len(out)
         if moved:
             log._advanced()
         return out
@@ -707,6 +711,7 @@ class LogSubscription(Subscription):
                     nbytes += tag_bytes.pop(tag)
         finally:
             if offsets:
+                self._log.acked += len(offsets)
                 self._settled(offsets, nbytes)
 
     def nack(

@@ -9,21 +9,114 @@ the same family. The figures are served over HTTP by
 :mod:`gateway.metrics_http` when ``[metrics] bind`` is configured.
 
 Updates cost a lock and a few attribute lookups (about 0.4 µs), so protocols
-count per window or per batch, never per event.
+count per window or per batch, never per event. What the hub and its
+destinations count (messages in, out and acked per destination, backlogs,
+publish outcomes) they keep as plain integers; :class:`HubCollector` reads
+them at scrape time, so those cost the hot path nothing but an addition.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TypeVar
+import platform
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
 
-__all__ = ["LATENCY_BUCKETS", "Metrics"]
+from . import __version__
+from .destination import Destination
+from .memlog import MemoryLog
+from .topic import Topic
+
+if TYPE_CHECKING:
+    from .hub import Hub
+
+__all__ = [
+    "LATENCY_BUCKETS",
+    "MAX_EXPORTED_DESTINATIONS",
+    "MAX_EXPORTED_GROUPS",
+    "PUBLISH_REASONS",
+    "HubCollector",
+    "Metrics",
+    "publish_reason",
+]
 
 #: Seconds: from a millisecond to a minute, for ack latencies.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+#: Destinations whose figures a scrape exports at most (the oldest first: the
+#: configured ones and upstream queues are created at start).
+MAX_EXPORTED_DESTINATIONS = 1000
+#: Groups of one destination exported at most (anonymous groups count as one).
+MAX_EXPORTED_GROUPS = 100
+#: The ``group`` label of every anonymous subscriber's group of one, summed.
+ANONYMOUS_GROUP = "~anonymous"
+
+#: Why a publish was not delivered: ``interchange_publishes_total``'s ``reason``.
+#: Each is recognised by a phrase of the reasons the gateway writes (see
+#: :func:`publish_reason`); a reason the gateway did not write came from a
+#: target (a subscriber's nack).
+_REASON_PHRASES: tuple[tuple[str, str], ...] = (
+    # gateway.destination.refusal
+    ("exceeds the buffer of destination", "too_large"),
+    ("takes elements of exactly", "wrong_size"),
+    # gateway.hub.Hub._route (LookupError)
+    ("too many destinations", "no_destination"),
+    ("no upstream named", "no_destination"),
+    ("it takes no calls", "no_destination"),
+    # the hub or a destination closed while the publish was routed (shutdown)
+    ("is closed", "buffer_closed"),
+    # gateway.receipts: a call's deadline, or nobody to answer it
+    ("no reply within", "expired"),
+    ("no subscriber to answer the call", "no_reply"),
+    ("the call was settled without a reply", "no_reply"),
+    # gateway.protocol.session: the sender left before it settled
+    ("its sender closed the connection", "abandoned"),
+)
+PUBLISH_REASONS = (
+    "too_large",
+    "wrong_size",
+    "no_destination",
+    "buffer_closed",
+    "expired",
+    "no_reply",
+    "abandoned",
+    "refused_by_target",
+    "other",
+)
+
+
+def publish_reason(reason: str) -> str:
+    """The class of a receipt's ``reason``, one of :data:`PUBLISH_REASONS`.
+
+    A reason the gateway did not write itself came from a target (a
+    subscriber's nack without requeue): ``refused_by_target``; no reason at
+    all is ``other``.
+    """
+    if not reason:
+        return "other"
+    for phrase, name in _REASON_PHRASES:
+        if phrase in reason:
+            return name
+    return "refused_by_target"
+
+
+_OUTCOME_NAMES = {0: "delivered", 1: "failed", 2: "rejected"}
+
+#: One group's row: group, backlog messages, backlog bytes and fill ratio (None:
+#: not known per group), subscribers (None: no group, the destination's own
+#: store), unacked deliveries.
+_Row = tuple[str, int, int | None, float | None, int | None, int]
 
 _M = TypeVar("_M", bound=MetricWrapperBase)
 
@@ -94,6 +187,46 @@ class Metrics:
         self.upstream_connected = self.gauge(
             "interchange_upstream_connected", "1 while an upstream is connected.", ["upstream"]
         )
+        self.messages_received = self.counter(
+            "interchange_messages_received",
+            "Messages published by the listener's connections (counted per publish).",
+            ["listener"],
+        )
+        self.messages_sent = self.counter(
+            "interchange_messages_sent",
+            "Deliveries handed to the listener's subscriber connections to write"
+            " (redeliveries included).",
+            ["listener"],
+        )
+        self.upstream_messages_received = self.counter(
+            "interchange_upstream_messages_received",
+            "Messages an upstream received from its peer and published locally.",
+            ["upstream"],
+        )
+        self.tls_handshake_failures = self.counter(
+            "interchange_tls_handshake_failures",
+            "Server-side TLS handshakes that failed, by reason (unknown_ca, bad_certificate,"
+            " certificate_required, expired, protocol_version, no_shared_cipher, not_tls,"
+            " timeout, eof, other).",
+            ["listener", "reason"],
+        )
+        self.build_info = self.gauge(
+            "interchange_build_info",
+            "Always 1: the gateway's version and the Python running it.",
+            ["version", "python"],
+        )
+        self.build_info.labels(version=__version__, python=platform.python_version()).set(1)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        self._hub_collector: HubCollector | None = None
+
+    def watch_hub(self, hub: Hub, upstreams: Iterable[str] = ()) -> HubCollector:
+        """Export ``hub``'s figures (destinations, groups, publish outcomes) at scrape time."""
+        if self._hub_collector is not None:
+            self.registry.unregister(self._hub_collector)
+        self._hub_collector = HubCollector(hub, upstreams)
+        self.registry.register(self._hub_collector)
+        return self._hub_collector
 
     def counter(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
         """The counter family ``name`` (exposed as ``name_total``), created on first use."""
@@ -136,3 +269,207 @@ class Metrics:
         """The current value of sample ``name`` (for example ``x_total``), or None."""
         value = self.registry.get_sample_value(name, labels or {})
         return None if value is None else float(value)
+
+
+class HubCollector:
+    """Reads a hub's figures when scraped: nothing is counted for it on the hot path.
+
+    Per destination (at most :data:`MAX_EXPORTED_DESTINATIONS`, the oldest
+    first) the messages put, handed out and acked, and per group (at most
+    :data:`MAX_EXPORTED_GROUPS` per destination; anonymous subscribers'
+    groups of one summed as ``~anonymous``) the backlog, how full its buffer
+    is, its subscribers and their unacked deliveries. Group ``""`` is the
+    destination's own store: a topic's copies left by departed anonymous
+    groups, a log's retention. Per upstream, its queue's deliveries and acks;
+    and the hub's publishes by outcome and reason.
+    """
+
+    def __init__(
+        self,
+        hub: Hub,
+        upstreams: Iterable[str] = (),
+        *,
+        max_destinations: int = MAX_EXPORTED_DESTINATIONS,
+        max_groups: int = MAX_EXPORTED_GROUPS,
+    ) -> None:
+        self.hub = hub
+        self.upstreams = list(upstreams)
+        self.max_destinations = max_destinations
+        self.max_groups = max_groups
+
+    def describe(self) -> list[Metric]:
+        # Nothing to check for clashes up front, and no scrape at registration.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        hub = self.hub
+        publishes = CounterMetricFamily(
+            "interchange_publishes",
+            "Publishes (and calls) whose receipt settled, by outcome (delivered, failed,"
+            " rejected) and reason (see docs/configuration.md).",
+            labels=["outcome", "reason"],
+        )
+        publishes.add_metric(["delivered", ""], hub.delivered)
+        for (outcome, reason), count in sorted(hub.not_delivered.items()):
+            publishes.add_metric([_OUTCOME_NAMES.get(int(outcome), str(outcome)), reason], count)
+        yield publishes
+
+        destinations = hub.destinations()
+        yield GaugeMetricFamily(
+            "interchange_destinations",
+            f"Destinations that exist; at most {self.max_destinations} are exported.",
+            value=len(destinations),
+        )
+        dl, gl = ["destination"], ["destination", "group"]
+        put = CounterMetricFamily(
+            "interchange_destination_messages_in",
+            "Messages a destination took (stored, or discarded by a topic without groups).",
+            labels=dl,
+        )
+        out = CounterMetricFamily(
+            "interchange_destination_messages_out",
+            "Deliveries a destination handed to subscribers (redeliveries included).",
+            labels=dl,
+        )
+        acked = CounterMetricFamily(
+            "interchange_destination_messages_acked",
+            "Deliveries subscribers acked (or answered).",
+            labels=dl,
+        )
+        discarded = CounterMetricFamily(
+            "interchange_destination_messages_discarded",
+            "Messages published to a topic while no group subscribed to it.",
+            labels=dl,
+        )
+        backlog = GaugeMetricFamily(
+            "interchange_destination_backlog_messages",
+            "Messages a group has not acked yet (queued plus delivered and unacked; a log:"
+            " from its committed position to the tail).",
+            labels=gl,
+        )
+        backlog_bytes = GaugeMetricFamily(
+            "interchange_destination_backlog_bytes",
+            "Bytes of the group's backlog, as charged to its buffer.",
+            labels=gl,
+        )
+        fill = GaugeMetricFamily(
+            "interchange_destination_buffer_fill_ratio",
+            "How full the group's buffer is (the larger of bytes and messages); at 1"
+            " publishers wait (a drop_oldest log evicts).",
+            labels=gl,
+        )
+        subscribers = GaugeMetricFamily(
+            "interchange_group_subscribers", "Subscribers in the group now.", labels=gl
+        )
+        unacked = GaugeMetricFamily(
+            "interchange_group_unacked_messages",
+            "Deliveries the group's subscribers hold unacked.",
+            labels=gl,
+        )
+        exported: dict[str, Destination] = {}
+        for i, (name, dest) in enumerate(destinations.items()):
+            if i >= self.max_destinations and not name.startswith("upstream:"):
+                continue
+            exported[name] = dest
+            counts = _counts(dest)
+            if counts is not None:
+                put.add_metric([name], counts[0])
+                out.add_metric([name], counts[1])
+                acked.add_metric([name], counts[2])
+            if isinstance(dest, Topic):
+                discarded.add_metric([name], dest.discarded)
+                rows = self._topic_groups(dest)
+            elif isinstance(dest, MemoryLog):
+                rows = self._log_groups(dest)
+            else:
+                continue
+            for group, held, nbytes, ratio, members, held_unacked in rows:
+                labels = [name, group]
+                backlog.add_metric(labels, held)
+                if nbytes is not None:
+                    backlog_bytes.add_metric(labels, nbytes)
+                if ratio is not None:
+                    fill.add_metric(labels, ratio)
+                if members is not None:
+                    subscribers.add_metric(labels, members)
+                    unacked.add_metric(labels, held_unacked)
+        yield from (put, out, acked, discarded, backlog, backlog_bytes, fill, subscribers, unacked)
+
+        up_sent = CounterMetricFamily(
+            "interchange_upstream_messages_sent",
+            "Deliveries the upstream's connections took from its queue to send"
+            " (resends after a reconnect included).",
+            labels=["upstream"],
+        )
+        up_acked = CounterMetricFamily(
+            "interchange_upstream_messages_acked",
+            "Messages the upstream's peer acknowledged (acked in its queue).",
+            labels=["upstream"],
+        )
+        for upstream in self.upstreams:
+            queue = exported.get(f"upstream:{upstream}")
+            counts = _counts(queue) if queue is not None else None
+            up_sent.add_metric([upstream], counts[1] if counts else 0)
+            up_acked.add_metric([upstream], counts[2] if counts else 0)
+        yield up_sent
+        yield up_acked
+
+    def _topic_groups(self, topic: Topic) -> Iterator[_Row]:
+        stats: dict[str, Any] = topic.stats()
+        max_bytes, max_messages = topic.limits.max_bytes, topic.limits.max_messages
+
+        def ratio(held: int, nbytes: int) -> float:
+            return max(nbytes / max_bytes, held / max_messages)
+
+        held, nbytes = stats["backlog"], topic.backlog_bytes
+        yield "", held, nbytes, ratio(held, nbytes), None, 0
+        rows = []
+        for group, g in stats["groups"].items():
+            held, nbytes, queued = g["held"], g["held_bytes"], g["queued"]
+            # Held: queued plus delivered and not yet acked.
+            rows.append((group, held, nbytes, ratio(held, nbytes), g["members"], held - queued))
+        yield from self._bounded(rows)
+
+    def _log_groups(self, log: MemoryLog) -> Iterator[_Row]:
+        stats: dict[str, Any] = log.stats()
+        retained = stats["bytes"]
+        yield "", stats["messages"], retained, retained / log.retain_bytes, None, 0
+        tail = stats["next"]
+        rows: list[_Row] = [
+            (group, max(0, tail - g["committed"]), None, None, g["members"], g["unacked"])
+            for group, g in stats["groups"].items()
+        ]
+        yield from self._bounded(rows)
+
+    def _bounded(self, rows: Iterable[_Row]) -> Iterator[_Row]:
+        """At most ``max_groups`` named groups, then every anonymous one summed."""
+        shown = 0
+        held = members = held_unacked = 0
+        nbytes: int | None = None
+        ratio: float | None = None
+        anonymous = False
+        for row in rows:
+            group = row[0]
+            if group.startswith("~"):
+                anonymous = True
+                held += row[1]
+                if row[2] is not None:
+                    nbytes = (nbytes or 0) + row[2]
+                if row[3] is not None:
+                    ratio = max(ratio or 0.0, row[3])
+                members += row[4] or 0
+                held_unacked += row[5]
+            elif shown < self.max_groups:
+                shown += 1
+                yield row
+        if anonymous:
+            yield ANONYMOUS_GROUP, held, nbytes, ratio, members, held_unacked
+
+
+def _counts(dest: Destination) -> tuple[int, int, int] | None:
+    """Messages a destination took, handed out and had acked (None: it does not say)."""
+    if isinstance(dest, Topic):
+        return dest.received, dest.delivered, dest.acked
+    if isinstance(dest, MemoryLog):
+        return dest.tail, dest.delivered, dest.acked
+    return None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import ssl
 import time
 from abc import ABC
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -328,7 +329,8 @@ def describe_error(error: BaseException) -> str:
         if e.__cause__ is not None:
             pending.append(e.__cause__)
     for e in seen:
-        code = getattr(e, "errno", None)
+        # An SSLError's errno is OpenSSL's SSL_ERROR_* code (1 is no EPERM).
+        code = None if isinstance(e, ssl.SSLError) else getattr(e, "errno", None)
         if isinstance(code, int) and code in errno.errorcode:
             return f"{errno.errorcode[code]} ({os.strerror(code)})"
     if isinstance(error, trio.TooSlowError):
@@ -396,6 +398,19 @@ class UpstreamContext:
             logging.getLogger(f"gateway.upstream.{settings.protocol}"), f"upstream {self.name}"
         )
         self.backoff = Backoff(settings.backoff_initial, settings.backoff_max)
+        #: For the status page: "connecting", "connected" or "backoff" (waiting to retry).
+        self.state = "connecting"
+        #: The last failure to connect or lost connection, and when (wall clock), or None.
+        self.last_error: str | None = None
+        self.last_error_at: float | None = None
+        #: When the current connection was made (wall clock), or None.
+        self.connected_since: float | None = None
+
+    def failed(self, error: str) -> None:
+        """Record a failure for the status page; the upstream now waits out its backoff."""
+        self.state = "backoff"
+        self.last_error = error
+        self.last_error_at = time.time()
 
     @property
     def options(self) -> dict[str, Any]:
@@ -429,10 +444,12 @@ class UpstreamContext:
         retried ever more slowly, not twice a second.
         """
         while True:
+            self.state = "connecting"
             try:
                 stream, info = await self.connect()
             except OSError as e:
                 self._failures.inc()
+                self.failed(describe_error(e))
                 delay = self.backoff.next_delay()
                 self.log.warning("cannot connect (%s); retrying in %gs", e, delay)
                 await trio.sleep(delay)
@@ -440,6 +457,7 @@ class UpstreamContext:
             self.log.info("connected to %s", info.peer)
             self._connects.inc()
             self._connected.set(1)
+            self.state, self.connected_since = "connected", time.time()
             connected_at = trio.current_time()
             lost = False
             try:
@@ -448,11 +466,14 @@ class UpstreamContext:
             except* _CONNECTION_LOST as eg:
                 lost = True
                 self._failures.inc()
-                self.log.warning(
-                    "connection to %s lost: %s", info.peer, describe_error(first_leaf(eg))
-                )
+                reason = describe_error(first_leaf(eg))
+                self.failed(f"connection to {info.peer} lost: {reason}")
+                self.log.warning("connection to %s lost: %s", info.peer, reason)
             finally:
                 self._connected.set(0)
+                self.connected_since = None
+                if self.state == "connected":
+                    self.state = "connecting"
             if not lost or trio.current_time() - connected_at >= self.backoff.maximum:
                 self.backoff.reset()
             if lost:

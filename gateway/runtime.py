@@ -18,9 +18,11 @@ as failed), and warnings rate-limited per listener and reason.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import cast
@@ -29,6 +31,7 @@ import trio
 from prometheus_client import Counter
 
 from .accept import accept_forever
+from .admin_http import serve_admin
 from .budget import MemoryBudget
 from .catalog import Catalog
 from .config import Config
@@ -36,6 +39,7 @@ from .errors import ProtocolError, first_leaf
 from .facade import HubFacade
 from .hub import Hub
 from .logs import Throttled
+from .logsetup import log_context
 from .metrics import Metrics
 from .metrics_http import serve_metrics
 from .plugin import (
@@ -49,12 +53,16 @@ from .plugin import (
     Upstream,
     UpstreamContext,
     UpstreamSettings,
+    describe_error,
 )
 from .protocol.guard import Guard
 from .registry import Registry, default_registry
+from .reload import Plan, ReloadRefused
+from .reload import plan as plan_reload
 from .routing import Router
 from .topic import TopicLimits
 from .transports.base import StreamLayer, Transport
+from .transports.tls import describe_handshake_failure, ssl_error_words
 
 __all__ = ["Gateway"]
 
@@ -81,10 +89,14 @@ class _TrackedStream(trio.abc.Stream):
         self.conn: ServerConnection | None = None
         self._received = received
         self._sent = sent
+        #: Bytes of this connection, for its closing log line.
+        self.bytes_in = 0
+        self.bytes_out = 0
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         data = await self.inner.receive_some(max_bytes)
         self._received.inc(len(data))
+        self.bytes_in += len(data)
         if self.conn is not None and not self.guard.reports_progress:
             self.conn.touch()
         return data
@@ -92,6 +104,7 @@ class _TrackedStream(trio.abc.Stream):
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self.inner.send_all(data)
         self._sent.inc(len(data))
+        self.bytes_out += len(data)
         if self.conn is not None and not self.guard.reports_progress:
             self.conn.touch()
 
@@ -122,6 +135,17 @@ class _ListenerState:
     #: Open connections by peer host (TCP only), for ``max_connections_per_address``.
     per_address: dict[str, int] = field(default_factory=dict)
     accept_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    #: Set when this listener's connections must finish: at shutdown, or when a
+    #: reload removes the listener.
+    draining: trio.Event = field(default_factory=trio.Event)
+    #: Set once its sockets are closed (a reload may bind the same address again).
+    closed: trio.Event = field(default_factory=trio.Event)
+    #: The listener's whole task (a reload cancels a removed one after its drain).
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    #: A reload removed it: it is forgotten once its connections are gone.
+    removed: bool = False
+    #: The hub as this listener's connections see it: it counts their messages.
+    facade: HubFacade | None = None
 
 
 class Gateway:
@@ -158,6 +182,11 @@ class Gateway:
         #: Set when draining starts; protocols stop taking new work.
         self.draining = trio.Event()
         self._shutdown_requested = trio.Event()
+        #: Where listeners and upstreams run (a reload starts new ones there).
+        self._work: trio.Nursery | None = None
+        self._upstream_scopes: dict[str, trio.CancelScope] = {}
+        #: One reload at a time: a second SIGHUP waits for the first.
+        self._reload_lock = trio.Lock()
         self._listeners: dict[str, _ListenerState] = {}
         #: Woken whenever a connection ends (drain waits for all of them).
         self._connection_ended = trio.lowlevel.ParkingLot()
@@ -167,10 +196,17 @@ class Gateway:
         self.metrics.memory_budget.set(self.budget.limit)
         budget = self.budget
         self.metrics.memory_used.set_function(lambda: budget.used)
+        self.metrics.watch_hub(self.hub, [u.name for u in config.upstreams])
         #: Publishes abandoned at shutdown (unsettled when the drain deadline passed).
         self.abandoned = 0
         #: Where ``GET /metrics`` is served (real ports), once running.
         self.metrics_addresses: list[str] = []
+        #: Where the admin API and the status page are served (real ports), once running.
+        self.admin_addresses: list[str] = []
+        #: Each upstream's context (state, last error) by name, once running.
+        self.upstream_contexts: dict[str, UpstreamContext] = {}
+        #: When :meth:`run` started (wall clock), for the uptime.
+        self.started_at: float | None = None
 
     # -- public ----------------------------------------------------------------
     @property
@@ -189,6 +225,7 @@ class Gateway:
         self, *, task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED
     ) -> None:
         """Set plugins up, bind, serve until :meth:`shutdown`, drain, tear down, return."""
+        self.started_at = time.time()
         try:
             async with trio.open_nursery() as background:
                 await background.start(self.hub.run)
@@ -214,11 +251,14 @@ class Gateway:
 
     async def _serve(self, task_status: trio.TaskStatus[Gateway]) -> None:
         async with trio.open_nursery() as work:
+            self._work = work
             for up in self.config.upstreams:
                 endpoint = self._upstreams[up.protocol][up.name]
                 work.start_soon(self._run_upstream, endpoint, name=f"upstream {up.name}")
             if self.config.metrics_bind is not None:
                 await work.start(self._serve_metrics, self.config.metrics_bind)
+            if self.config.admin_bind is not None:
+                await work.start(self._serve_admin, self.config.admin_bind)
             for ls in self.config.listeners:
                 await work.start(self._serve_listener, ls, name=f"listener {ls.name}")
             log.info(
@@ -233,6 +273,81 @@ class Gateway:
             await self._shutdown_requested.wait()
             await self._drain()
             work.cancel_scope.cancel()
+
+    # -- reload ----------------------------------------------------------------------
+    async def reload(self, config: Config) -> Plan:
+        """Apply ``config`` to the running gateway without dropping what it keeps.
+
+        Raises :class:`~gateway.reload.ReloadRefused` (nothing changed) when the
+        new config cannot be applied without a restart or a certificate cannot
+        be read; see :mod:`gateway.reload` for what is kept, added and removed.
+        A second reload waits for the first.
+        """
+        async with self._reload_lock:
+            if self._work is None or self.draining.is_set():
+                raise ReloadRefused("the gateway is not serving")
+            change = plan_reload(self.config, config, set(self.plugins))
+            # Everything that can fail is prepared before anything changes.
+            contexts: dict[str, ssl.SSLContext | None] = {}
+            for ls in change.keep_listeners:
+                layer = self.registry.layer_for("tls") if ls.tls else None
+                try:
+                    contexts[ls.name] = layer.server_context(ls.tls) if layer and ls.tls else None
+                except (OSError, ValueError, ssl.SSLError) as e:
+                    raise ReloadRefused(f"listener {ls.name!r}: cannot load TLS: {e}") from e
+            for ls in change.keep_listeners:
+                state = self._listeners[ls.name]
+                state.settings = ls
+                state.tls_context = contexts[ls.name]
+            for name in change.remove_listeners:
+                state = self._listeners[name]
+                state.removed = True
+                state.accept_scope.cancel()
+                state.draining.set()
+                self._work.start_soon(self._retire_listener, state)
+            for name in change.remove_upstreams:
+                scope = self._upstream_scopes.pop(name, None)
+                if scope is not None:
+                    scope.cancel()
+                self.upstream_contexts.pop(name, None)
+            self.hub.router = Router(config.routes)
+            self.catalog.replace(config.destinations)
+            self.config.gateway.drain_timeout = config.gateway.drain_timeout
+            old = self.config
+            self.config = dataclasses.replace(
+                old,
+                listeners=config.listeners,
+                upstreams=config.upstreams,
+                routes=config.routes,
+                destinations=config.destinations,
+                path=config.path,
+            )
+            for up in change.add_upstreams:
+                self.hub.add_upstream(up.name)
+                self.hub.destination(f"upstream:{up.name}").declare_group(UpstreamContext.group)
+                endpoint = Upstream(up, self._connector(up))
+                self._upstreams.setdefault(up.protocol, {})[up.name] = endpoint
+                self._work.start_soon(self._run_upstream, endpoint, name=f"upstream {up.name}")
+            for ls in change.add_listeners:
+                previous = self._listeners.get(ls.name)
+                if previous is not None:  # changed: its sockets close before the new bind
+                    await previous.closed.wait()
+                await self._work.start(self._serve_listener, ls, name=f"listener {ls.name}")
+            log.info("reloaded %s: %s", config.path or "the config", change.summary())
+            return change
+
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+        """Run ``fn(*args)`` as a task of the serving gateway (a reload on SIGHUP)."""
+        if self._work is None:
+            raise RuntimeError("the gateway is not serving")
+        self._work.start_soon(fn, *args)
+
+    async def _retire_listener(self, state: _ListenerState) -> None:
+        """A removed listener's connections get ``drain_timeout`` to finish, then stop."""
+        with trio.move_on_after(self.config.gateway.drain_timeout):
+            while state.connections:
+                await self._connection_ended.park()
+        state.scope.cancel()
 
     # -- plugins -------------------------------------------------------------------
     async def _set_up_plugins(self, nursery: trio.Nursery) -> list[str]:
@@ -276,6 +391,8 @@ class Gateway:
         for state in self._listeners.values():
             state.accept_scope.cancel()
         self.draining.set()
+        for state in self._listeners.values():
+            state.draining.set()
         deadline = self.config.gateway.drain_timeout
         with trio.move_on_after(deadline):
             await self.hub.wait_idle()
@@ -300,27 +417,48 @@ class Gateway:
         for state in self._listeners.values():
             state.throttle.flush()
 
-    async def _serve_metrics(
-        self, bind: str, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
+    async def _listen_plain(
+        self, bind: str, what: str
+    ) -> tuple[list[trio.SocketListener], list[str]]:
+        """Bind an HTTP endpoint (``what``: metrics, admin): its listeners and their names."""
         transport = self.registry.transport_for(bind)
         if transport.handshakes:
-            # Prometheus speaks plain HTTP: the transport's handshake would never run.
+            # Plain HTTP: the transport's handshake would never run.
             raise OSError(
-                f"metrics cannot bind {bind}: the {transport.name} transport has a handshake "
-                "of its own, and the metrics endpoint is plain HTTP (use host:port or unix:)"
+                f"{what} cannot bind {bind}: the {transport.name} transport has a handshake "
+                f"of its own, and the {what} endpoint is plain HTTP (use host:port or unix:)"
             )
         try:
             listeners = await transport.listen(bind)
         except OSError as e:
-            raise OSError(e.errno, f"metrics cannot bind {bind}: {e.strerror or e}") from None
-        self.metrics_addresses = [transport.listener_name(sl) for sl in listeners]
+            raise OSError(e.errno, f"{what} cannot bind {bind}: {e.strerror or e}") from None
+        # The endpoints only accept and read bytes: any listener of a plain transport does.
+        plain = cast("list[trio.SocketListener]", list(listeners))
+        return plain, [transport.listener_name(sl) for sl in listeners]
+
+    async def _serve_admin(
+        self, bind: str, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        listeners, self.admin_addresses = await self._listen_plain(bind, "admin")
+        log.info("admin: status page and /api/status on %s", " ".join(self.admin_addresses))
+        task_status.started()
+        await serve_admin(
+            self,
+            listeners,
+            max_connections=self.config.admin_max_connections,
+            idle_timeout=self.config.admin_idle_timeout,
+        )
+
+    async def _serve_metrics(
+        self, bind: str, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        listeners, self.metrics_addresses = await self._listen_plain(bind, "metrics")
         log.info("metrics: GET /metrics on %s", " ".join(self.metrics_addresses))
         task_status.started()
         # serve_metrics only accepts and reads bytes: any listener of a plain transport does.
         await serve_metrics(
             self.metrics,
-            cast("list[trio.SocketListener]", list(listeners)),
+            listeners,
             max_connections=self.config.metrics_max_connections,
             idle_timeout=self.config.metrics_idle_timeout,
         )
@@ -351,19 +489,33 @@ class Gateway:
             self.metrics.bytes_received,
             self.metrics.bytes_sent,
             self.metrics.abandoned_publishes,
+            self.metrics.messages_received,
+            self.metrics.messages_sent,
         ):
             family.labels(listener=ls.name)  # every series from 0, before any connection
+        state.facade = HubFacade(
+            self.hub,
+            received=self.metrics.messages_received.labels(listener=ls.name),
+            sent=self.metrics.messages_sent.labels(listener=ls.name),
+        )
         try:
-            async with trio.open_nursery() as nursery:
-                with state.accept_scope:
-                    async with trio.open_nursery() as accepting:
-                        for sl in listeners:
-                            accepting.start_soon(self._accept_loop, state, sl, nursery)
-                        task_status.started()
-                # Accepting stopped; connections in ``nursery`` go on until cancelled.
+            with state.scope:
+                async with trio.open_nursery() as nursery:
+                    with state.accept_scope:
+                        async with trio.open_nursery() as accepting:
+                            for sl in listeners:
+                                accepting.start_soon(self._accept_loop, state, sl, nursery)
+                            task_status.started()
+                    # Accepting stopped; connections in ``nursery`` go on until cancelled.
+                    for sl in listeners:
+                        await trio.aclose_forcefully(sl)
+                    state.closed.set()
         finally:
             for sl in listeners:
                 await trio.aclose_forcefully(sl)
+            state.closed.set()
+            if state.removed and self._listeners.get(ls.name) is state:
+                del self._listeners[ls.name]
 
     async def _accept_loop(
         self,
@@ -382,6 +534,13 @@ class Gateway:
                 limit,
                 reason,
                 state.transport.peer_name(stream),
+            )
+            state.throttle.logger.debug(
+                "[%s %s] connection refused: %s",
+                ls.name,
+                state.transport.peer_name(stream),
+                reason.replace("_", " "),
+                extra={"listener": ls.name, "close_reason": reason.replace("_", " ")},
             )
             nursery.start_soon(trio.aclose_forcefully, stream)
 
@@ -421,12 +580,31 @@ class Gateway:
         open_gauge.inc()
         errors = metrics.connection_errors.labels(listener=ls.name)
         account = self.budget.account(self.config.gateway.limits.connection_memory)
+        started = trio.current_time()
+        #: Why the connection closed, for its closing line (the first reason given wins).
+        why = ""
+        tracked: _TrackedStream | None = None
+        log_context(listener=ls.name, peer=peer)
+        plog.debug("%s connection accepted", prefix)
 
         def warn(reason: str, msg: str, *args: object) -> None:
             throttle.warning(f"{ls.name}:{reason}", f"{prefix} {msg}", *args)
 
         def refused(reason: str) -> None:
+            nonlocal why
+            why = why or reason.replace("_", " ")
             metrics.refused_connections.labels(listener=ls.name, reason=reason).inc()
+
+        def tls_failed(reason: str, detail: str) -> None:
+            nonlocal why
+            why = why or f"TLS handshake failed: {reason.replace('_', ' ')}"
+            metrics.tls_handshake_failures.labels(listener=ls.name, reason=reason).inc()
+            throttle.info(
+                f"{ls.name}:tls:{reason}",
+                f"{prefix} TLS handshake failed (%s): %s",
+                reason.replace("_", " "),
+                detail,
+            )
 
         try:
             try:
@@ -443,11 +621,15 @@ class Gateway:
                         stage = state.transport.name
                         stream = await state.transport.accepted(stream, ls.bind)
                 except Exception as e:
-                    _handshake_failed(plog, warn, prefix, stage, e, errors)
+                    why = _handshake_failed(plog, warn, prefix, stage, e, errors, tls_failed)
                     return
                 if handshake.cancelled_caught:
                     errors.inc()
                     refused("handshake_timeout")
+                    if stage == "TLS":
+                        metrics.tls_handshake_failures.labels(
+                            listener=ls.name, reason="timeout"
+                        ).inc()
                     warn("handshake_timeout", "%s handshake timed out; closing", stage)
                     return
                 info = ConnectionInfo(
@@ -481,8 +663,8 @@ class Gateway:
                     tracked,
                     info,
                     ls,
-                    self.facade,
-                    self.draining,
+                    state.facade or self.facade,
+                    state.draining,
                     metrics,
                     self._upstreams.get(ls.protocol),
                 )
@@ -501,11 +683,33 @@ class Gateway:
                 refused("timeout")
                 warn("timeout", "timed out: %s; closing", first_leaf(eg))
             except* _LOST as eg:
-                plog.info("%s connection lost: %s", prefix, first_leaf(eg))
+                lost = _lost_reason(first_leaf(eg))
+                why = why or f"lost: {lost}"
+                plog.info("%s connection lost: %s", prefix, lost)
             except* Exception as eg:
                 errors.inc()
+                why = why or f"error: {type(first_leaf(eg)).__name__}"
                 plog.error("%s connection failed; closing it", prefix, exc_info=first_leaf(eg))
         finally:
+            if plog.isEnabledFor(logging.DEBUG):
+                why = why or ("shutdown" if self.draining.is_set() else "peer closed")
+                duration = trio.current_time() - started
+                bytes_in = tracked.bytes_in if tracked is not None else 0
+                bytes_out = tracked.bytes_out if tracked is not None else 0
+                plog.debug(
+                    "%s connection closed after %.3fs (%s): %d bytes in, %d bytes out",
+                    prefix,
+                    duration,
+                    why,
+                    bytes_in,
+                    bytes_out,
+                    extra={
+                        "duration": round(duration, 6),
+                        "close_reason": why,
+                        "bytes_in": bytes_in,
+                        "bytes_out": bytes_out,
+                    },
+                )
             account.close()
             open_gauge.dec()
             state.connections -= 1
@@ -568,14 +772,25 @@ class Gateway:
         return connect
 
     async def _run_upstream(self, upstream: Upstream) -> None:
+        with trio.CancelScope() as scope:
+            self._upstream_scopes[upstream.name] = scope
+            await self._upstream_forever(upstream)
+
+    async def _upstream_forever(self, upstream: Upstream) -> None:
         plugin = self.plugins[upstream.settings.protocol]
-        ctx = UpstreamContext(upstream, self.facade, self.metrics)
+        log_context(upstream=upstream.name)
+        received = self.metrics.upstream_messages_received.labels(upstream=upstream.name)
+        ctx = UpstreamContext(upstream, HubFacade(self.hub, received=received), self.metrics)
+        self.upstream_contexts[upstream.name] = ctx
         while True:
             try:
                 await plugin.run_upstream(ctx)
                 ctx.log.warning("upstream stopped by its protocol; restarting")
+                ctx.failed("stopped by its protocol")
             except* Exception as eg:
                 ctx.log.error("upstream failed; restarting after backoff", exc_info=first_leaf(eg))
+                leaf = first_leaf(eg)
+                ctx.failed(f"failed: {type(leaf).__name__}: {leaf}")
             await ctx.backoff.sleep()
 
 
@@ -624,14 +839,38 @@ def _handshake_failed(
     stage: str,
     error: Exception,
     errors: Counter,
-) -> None:
-    """Log a server-side handshake that raised; only that connection closes."""
+    tls_failed: Callable[[str, str], None],
+) -> str:
+    """Log a server-side handshake that raised (only that connection closes); say why.
+
+    A TLS handshake the peer broke (a certificate refused, no certificate, not
+    TLS at all, a hang-up) goes to ``tls_failed`` with its reason and OpenSSL's
+    words for it.
+    """
     leaf = first_leaf(error)
     if isinstance(leaf, _LOST):
-        plog.info("%s connection lost during the %s handshake: %s", prefix, stage, leaf)
-        return
+        if stage == "TLS":
+            reason, detail = describe_handshake_failure(leaf)
+            tls_failed(reason, detail)
+            return f"TLS handshake failed: {reason.replace('_', ' ')}"
+        lost = _lost_reason(leaf)
+        plog.info("%s connection lost during the %s handshake: %s", prefix, stage, lost)
+        return f"lost: {lost}"
     errors.inc()
     if isinstance(leaf, ProtocolError | trio.TooSlowError | ValueError):
         warn("handshake_failed", "%s handshake failed: %s; closing", stage, leaf)
     else:
         plog.error("%s %s handshake failed; closing", prefix, stage, exc_info=leaf)
+    return f"{stage} handshake failed"
+
+
+def _lost_reason(error: BaseException) -> str:
+    """Why a connection broke, in words: OpenSSL's, the socket error's, or trio's."""
+    e: BaseException | None = error
+    for _ in range(8):
+        if e is None:
+            break
+        if isinstance(e, ssl.SSLError):
+            return ssl_error_words(e)
+        e = e.__cause__ or e.__context__
+    return describe_error(error)

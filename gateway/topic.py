@@ -273,6 +273,11 @@ class Topic(Destination):
         self.discarded = 0
         #: Copies that no group's filter matched.
         self.filtered = 0
+        #: Messages put (stored or discarded), deliveries handed out, deliveries acked
+        #: (or answered): plain counts for the metrics, read at scrape time.
+        self.received = 0
+        self.delivered = 0
+        self.acked = 0
         #: Groups with a filter (none: the batch fast path applies).
         self._filtering = 0
         self._info = DestinationInfo(
@@ -384,6 +389,7 @@ class Topic(Destination):
         n = len(messages)
         seq0 = self._seq + 1
         self._seq += n
+        self.received += n
         if not groups:
             self.discarded += n
             return
@@ -409,6 +415,7 @@ class Topic(Destination):
         n = len(messages)
         seq0 = self._seq + 1
         self._seq += n
+        self.received += n
         # Some group filters: count each message's copies, then one run per selection.
         counts = [0] * n
         whole: _Run | None = None
@@ -613,6 +620,11 @@ class Topic(Destination):
             "groups": groups,
         }
 
+    @property
+    def backlog_bytes(self) -> int:
+        """Bytes of the copies left behind by departed groups (``stats()["backlog"]``)."""
+        return self._backlog.used_bytes
+
 
 def _show(f: Filter | None) -> str:
     return "none" if f is None else repr(str(f))
@@ -736,6 +748,7 @@ class TopicSubscription(Subscription):
                 piece.start = hi
         if self._credit is not None:
             self._credit -= taken
+        self._topic.delivered += taken
         return out
 
     def _lease_of(self, tag: int) -> int:
@@ -818,6 +831,7 @@ class TopicSubscription(Subscription):
                     raise KeyError(f"unknown or already settled delivery tag {tag + ok}")
                 tag += ok
         finally:
+            self._topic.acked += freed
             self._topic._freed(g, freed, freed_bytes)
 
     def nack(
@@ -857,6 +871,7 @@ class TopicSubscription(Subscription):
         offset = tag - lease.tag0
         nbytes = self._mark(i, offset, offset + 1)
         self._topic._freed(self._group, 1, nbytes)
+        self._topic.acked += 1
         run.receipt.settle(run.base + run.local(lease.lo + offset), Outcome.DELIVERED, reply=reply)
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ import trio
 from harness import running_gateway
 
 from gateway import cli
-from gateway.config import parse
+from gateway.config import ConfigError, parse
 from gateway.registry import Registered, Registry, default_registry
 
 
@@ -94,3 +94,43 @@ def test_an_empty_config_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptureF
     caplog.set_level(logging.WARNING)
     cli._warn_about(parse({}))
     assert "has no listeners and no upstreams" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("127.0.0.1:7070", "0.0.0.0:7070"),
+        ("*:7070", "10.0.0.1:7070"),
+        ("[::]:7070", "[::1]:7070"),
+    ],
+)
+def test_check_refuses_a_wildcard_bind_beside_a_specific_one(first: str, second: str) -> None:
+    data = {
+        "listeners": [
+            {"name": "a", "protocol": "ndjson", "bind": first},
+            {"name": "b", "protocol": "ndjson", "bind": second},
+        ]
+    }
+    with pytest.raises(ConfigError, match=r"listeners\[1\]\.bind: .* overlaps listeners\[0\]"):
+        parse(data)
+
+
+def test_check_refuses_a_metrics_bind_overlapping_a_listener() -> None:
+    data = {
+        "listeners": [{"name": "a", "protocol": "ndjson", "bind": "0.0.0.0:9464"}],
+        "metrics": {"bind": "127.0.0.1:9464"},
+    }
+    with pytest.raises(ConfigError, match=r"metrics\.bind: .* overlaps listeners\[0\]"):
+        parse(data)
+
+
+def test_different_ports_and_specific_addresses_do_not_overlap() -> None:
+    parse(
+        {
+            "listeners": [
+                {"name": "a", "protocol": "ndjson", "bind": "127.0.0.1:7070"},
+                {"name": "b", "protocol": "ndjson", "bind": "127.0.0.2:7070"},
+                {"name": "c", "protocol": "ndjson", "bind": "0.0.0.0:7071"},
+            ]
+        }
+    )

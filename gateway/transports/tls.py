@@ -4,12 +4,21 @@ Contexts are built once per listener or upstream; every file problem becomes a
 ``ValueError`` naming the setting, the path and what is wrong, so ``gateway
 check`` and start-up can report it in one line. Handshake timeouts and closing
 the stream after a failed handshake are the caller's business.
+
+A failed handshake raises :class:`TlsHandshakeError` with what went wrong in
+words (``certificate verify failed: unable to get local issuer
+certificate``) and as one of a bounded set of reasons for metrics
+(:func:`describe_handshake_failure`). Before it raises, the alert OpenSSL
+wrote for the peer (``certificate required``, ``unknown ca``…) is sent and
+the connection half-closed, so the peer learns why instead of seeing a bare
+EOF: ``trio.SSLStream`` drops that alert when the handshake fails.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import ssl
 from pathlib import Path
 from typing import NoReturn
@@ -21,7 +30,15 @@ from cryptography.hazmat.primitives import serialization
 from ..model import PeerIdentity
 from .base import StreamLayer, TlsClientSettings, TlsServerSettings
 
-__all__ = ["TlsLayer", "identity_from_der", "transport"]
+__all__ = [
+    "HANDSHAKE_FAILURE_REASONS",
+    "TlsHandshakeError",
+    "TlsLayer",
+    "describe_handshake_failure",
+    "identity_from_der",
+    "ssl_error_words",
+    "transport",
+]
 
 _VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
 _VERIFY_MODES = {
@@ -122,7 +139,7 @@ class TlsLayer(StreamLayer):
         Raises ``trio.BrokenResourceError`` when the handshake fails.
         """
         tls = trio.SSLStream(stream, context, server_side=True)
-        await tls.do_handshake()
+        await _handshake(tls, stream)
         return tls, _verified_identity(tls, context)
 
     async def wrap_client(
@@ -136,8 +153,189 @@ class TlsLayer(StreamLayer):
             )
         hostname = _sni_name(server_hostname) if server_hostname else None
         tls = trio.SSLStream(stream, context, server_hostname=hostname)
-        await tls.do_handshake()
+        await _handshake(tls, stream)
         return tls, _verified_identity(tls, context)
+
+
+#: ``interchange_tls_handshake_failures_total``'s ``reason``: a bounded set.
+HANDSHAKE_FAILURE_REASONS = (
+    "unknown_ca",
+    "bad_certificate",
+    "certificate_required",
+    "expired",
+    "protocol_version",
+    "no_shared_cipher",
+    "not_tls",
+    "timeout",
+    "eof",
+    "other",
+)
+
+#: How long a failed handshake may take to deliver its alert and see the peer close.
+ALERT_LINGER = 0.5
+#: Bytes read (and dropped) at most while lingering, so that closing does not reset.
+_LINGER_BYTES = 64 * 1024
+
+#: OpenSSL's X509_V_ERR_* codes of a certificate we could not verify.
+_VERIFY_REASONS = {
+    2: "unknown_ca",  # unable to get issuer certificate
+    18: "unknown_ca",  # self-signed certificate
+    19: "unknown_ca",  # self-signed certificate in certificate chain
+    20: "unknown_ca",  # unable to get local issuer certificate
+    21: "unknown_ca",  # unable to verify the first certificate
+    9: "expired",  # certificate is not yet valid
+    10: "expired",  # certificate has expired
+}
+
+#: OpenSSL's reason codes: our own verdicts, then alerts the peer sent us.
+_SSL_REASONS = {
+    "PEER_DID_NOT_RETURN_A_CERTIFICATE": "certificate_required",
+    "NO_SHARED_CIPHER": "no_shared_cipher",
+    "NO_CIPHERS_AVAILABLE": "no_shared_cipher",
+    "UNSUPPORTED_PROTOCOL": "protocol_version",
+    "NO_PROTOCOLS_AVAILABLE": "protocol_version",
+    "WRONG_SSL_VERSION": "protocol_version",
+    "VERSION_TOO_LOW": "protocol_version",
+    "VERSION_TOO_HIGH": "protocol_version",
+    "WRONG_VERSION_NUMBER": "not_tls",
+    "HTTP_REQUEST": "not_tls",
+    "HTTPS_PROXY_REQUEST": "not_tls",
+    "UNKNOWN_PROTOCOL": "not_tls",
+    "PACKET_LENGTH_TOO_LONG": "not_tls",
+    "RECORD_LAYER_FAILURE": "not_tls",
+    "UNEXPECTED_EOF_WHILE_READING": "eof",
+    "TLSV1_ALERT_UNKNOWN_CA": "unknown_ca",
+    "SSLV3_ALERT_BAD_CERTIFICATE": "bad_certificate",
+    "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE": "bad_certificate",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN": "bad_certificate",
+    "SSLV3_ALERT_CERTIFICATE_REVOKED": "bad_certificate",
+    "SSLV3_ALERT_CERTIFICATE_EXPIRED": "expired",
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED": "certificate_required",
+    "TLSV1_ALERT_PROTOCOL_VERSION": "protocol_version",
+    "TLSV1_ALERT_INSUFFICIENT_SECURITY": "no_shared_cipher",
+}
+
+_OPENSSL_NOISE = re.compile(r"^\[[A-Z0-9_]+: [A-Z0-9_]+\]\s*|\s*\(_ssl\.c:\d+\)$")
+
+
+class TlsHandshakeError(trio.BrokenResourceError):
+    """A TLS handshake failed; ``str()`` says why in words, ``reason`` as a metric label.
+
+    ``reason`` is one of :data:`HANDSHAKE_FAILURE_REASONS`; ``error`` is what
+    the ssl module (or the stream under it) raised.
+    """
+
+    def __init__(self, reason: str, detail: str, error: BaseException | None = None) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+        self.error = error
+
+
+def describe_handshake_failure(error: BaseException) -> tuple[str, str]:
+    """``(reason, detail)`` of a failed handshake: a label of
+    :data:`HANDSHAKE_FAILURE_REASONS` and OpenSSL's words for it.
+
+    ``error`` may be anything a handshake raised: an ``ssl.SSLError``,
+    ``trio.BrokenResourceError`` from one (or from a lost socket), a
+    :class:`TlsHandshakeError`, ``trio.TooSlowError``.
+    """
+    if isinstance(error, TlsHandshakeError):
+        return error.reason, error.detail
+    if isinstance(error, trio.TooSlowError):
+        return "timeout", str(error) or "the handshake timed out"
+    chain: list[BaseException] = []
+    e: BaseException | None = error
+    while e is not None and len(chain) < 8 and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for e in chain:
+        if isinstance(e, ssl.SSLCertVerificationError):
+            reason = _VERIFY_REASONS.get(getattr(e, "verify_code", 0), "bad_certificate")
+            message = getattr(e, "verify_message", "") or _openssl_words(e)
+            return reason, f"certificate verify failed: {message}"
+        if isinstance(e, ssl.SSLError):
+            code = str(getattr(e, "reason", None) or "")
+            if (
+                isinstance(e, ssl.SSLEOFError | ssl.SSLZeroReturnError)
+                or _SSL_REASONS.get(code) == "eof"
+            ):
+                return "eof", "the peer closed the connection during the handshake"
+            reason = _SSL_REASONS.get(code, "other")
+            words = _openssl_words(e)
+            if reason == "not_tls":
+                words += " (the peer does not speak TLS: a plaintext client?)"
+            return reason, words
+    for e in chain:
+        if isinstance(e, ConnectionError):
+            return "eof", f"connection lost during the handshake ({e.strerror or e})"
+        if isinstance(e, OSError):
+            return "other", f"socket error during the handshake ({e.strerror or e})"
+    if isinstance(error, trio.BrokenResourceError | trio.ClosedResourceError):
+        return "eof", "the peer closed the connection during the handshake"
+    return "other", str(error) or type(error).__name__
+
+
+def ssl_error_words(error: ssl.SSLError) -> str:
+    """What OpenSSL said, without its codes: ``certificate verify failed: unable to get
+    local issuer certificate``, ``tlsv1 alert unknown ca``."""
+    message = getattr(error, "verify_message", "")
+    if isinstance(error, ssl.SSLCertVerificationError) and message:
+        return f"certificate verify failed: {message}"
+    return _openssl_words(error)
+
+
+def _openssl_words(error: ssl.SSLError) -> str:
+    """``[SSL: X] peer did not return a certificate (_ssl.c:1006)`` → the words only."""
+    words = _OPENSSL_NOISE.sub("", str(error.args[1] if len(error.args) > 1 else error))
+    if words:
+        return words
+    return str(getattr(error, "reason", None) or error).lower().replace("_", " ")
+
+
+async def _handshake(tls: trio.SSLStream[trio.abc.Stream], raw: trio.abc.Stream) -> None:
+    """Run the handshake; when it fails, tell the peer why and raise :class:`TlsHandshakeError`."""
+    try:
+        await tls.do_handshake()
+    except trio.BrokenResourceError as e:
+        reason, detail = describe_handshake_failure(e)
+        await _send_alert(tls, raw)
+        raise TlsHandshakeError(reason, detail, e.__cause__ or e) from e.__cause__ or e
+
+
+async def _send_alert(tls: trio.SSLStream[trio.abc.Stream], raw: trio.abc.Stream) -> None:
+    """Send what OpenSSL wrote for the peer when the handshake failed (its alert).
+
+    ``trio.SSLStream`` raises without sending it, so the peer would see a bare
+    EOF. After the alert, our side is closed and the peer's bytes are read
+    (and dropped) for up to :data:`ALERT_LINGER` seconds: closing a socket
+    with unread input resets the connection, and a reset may destroy the
+    alert before the peer reads it.
+    """
+    outgoing = getattr(tls, "_outgoing", None)  # trio's MemoryBIO towards the peer
+    if not isinstance(outgoing, ssl.MemoryBIO) or not outgoing.pending:
+        return
+    alert = outgoing.read()
+    with trio.CancelScope(shield=True) as scope:
+        scope.deadline = trio.current_time() + ALERT_LINGER
+        try:
+            await raw.send_all(alert)
+            send_eof = getattr(raw, "send_eof", None)
+            if send_eof is not None:
+                await send_eof()
+            received = 0
+            while received < _LINGER_BYTES:
+                data = await raw.receive_some(_LINGER_BYTES)
+                if not data:
+                    break
+                received += len(data)
+        except (
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+            trio.BusyResourceError,
+            OSError,
+        ):
+            pass
 
 
 def _verified_identity(
