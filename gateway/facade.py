@@ -103,7 +103,10 @@ def _counting_subscribe(hub: Hub, sent: Count) -> Any:
             return deliveries
 
         # Only ``receive`` is wrapped (once per batch): acks stay the subscription's own.
-        sub.receive = counted_receive  # type: ignore[method-assign]
+        try:
+            sub.receive = counted_receive  # type: ignore[method-assign]
+        except AttributeError:  # a subscription class with __slots__: left uncounted
+            pass
         return sub
 
     return counted_subscribe

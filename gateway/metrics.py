@@ -18,7 +18,7 @@ them at scrape time, so those cost the hot path nothing but an addition.
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import (
@@ -220,8 +220,14 @@ class Metrics:
         PlatformCollector(registry=self.registry)
         self._hub_collector: HubCollector | None = None
 
-    def watch_hub(self, hub: Hub, upstreams: Iterable[str] = ()) -> HubCollector:
-        """Export ``hub``'s figures (destinations, groups, publish outcomes) at scrape time."""
+    def watch_hub(
+        self, hub: Hub, upstreams: Iterable[str] | Callable[[], Iterable[str]] = ()
+    ) -> HubCollector:
+        """Export ``hub``'s figures (destinations, groups, publish outcomes) at scrape time.
+
+        ``upstreams``: the configured upstreams' names, or a function returning
+        them now (they change when the config is reloaded).
+        """
         if self._hub_collector is not None:
             self.registry.unregister(self._hub_collector)
         self._hub_collector = HubCollector(hub, upstreams)
@@ -287,13 +293,17 @@ class HubCollector:
     def __init__(
         self,
         hub: Hub,
-        upstreams: Iterable[str] = (),
+        upstreams: Iterable[str] | Callable[[], Iterable[str]] = (),
         *,
         max_destinations: int = MAX_EXPORTED_DESTINATIONS,
         max_groups: int = MAX_EXPORTED_GROUPS,
     ) -> None:
         self.hub = hub
-        self.upstreams = list(upstreams)
+        if callable(upstreams):
+            self._upstreams = upstreams
+        else:
+            names = list(upstreams)
+            self._upstreams = lambda: names
         self.max_destinations = max_destinations
         self.max_groups = max_groups
 
@@ -406,7 +416,7 @@ class HubCollector:
             "Messages the upstream's peer acknowledged (acked in its queue).",
             labels=["upstream"],
         )
-        for upstream in self.upstreams:
+        for upstream in self._upstreams():
             queue = exported.get(f"upstream:{upstream}")
             counts = _counts(queue) if queue is not None else None
             up_sent.add_metric([upstream], counts[1] if counts else 0)

@@ -196,7 +196,7 @@ class Gateway:
         self.metrics.memory_budget.set(self.budget.limit)
         budget = self.budget
         self.metrics.memory_used.set_function(lambda: budget.used)
-        self.metrics.watch_hub(self.hub, [u.name for u in config.upstreams])
+        self.metrics.watch_hub(self.hub, lambda: [u.name for u in self.config.upstreams])
         #: Publishes abandoned at shutdown (unsettled when the drain deadline passed).
         self.abandoned = 0
         #: Where ``GET /metrics`` is served (real ports), once running.
