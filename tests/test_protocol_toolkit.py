@@ -587,6 +587,60 @@ async def test_a_trickling_unit_times_out_from_when_it_started(
     assert run.got == b"ok 1\n"
 
 
+class _HandedStream(trio.abc.Stream):
+    """Bytes handed straight to a waiting reader, which wakes in the feeder's own
+    scheduling batch (memory streams checkpoint first, so they cannot race a timer)."""
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+        self._arrived = trio.lowlevel.ParkingLot()
+
+    def feed(self, data: bytes) -> None:
+        self._data += data
+        self._arrived.unpark_all()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        while not self._data:
+            await self._arrived.park()
+        data = bytes(self._data)
+        self._data.clear()
+        return data
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+async def test_a_read_that_lands_as_the_unit_times_out_does_not_cancel_the_timeout(
+    autojump_clock: MockClock,
+) -> None:
+    """A read completing in the very batch the unit timer fired in escaped the
+    timer's cancel, and the timer never looked again: the connection (and the
+    memory its unit held) stayed forever. Trio orders a batch at random, so
+    the race is run often enough that the old code fails it for certain."""
+    for attempt in range(24):
+        stream = _HandedStream()
+        session = Toy(stream, unit_timeout=10)
+        start = trio.current_time()
+
+        async def feed(stream: _HandedStream = stream, start: float = start) -> None:
+            stream.feed(b"pu")  # a unit starts now and must be whole at start + 10
+            await trio.sleep_until(start + 10)
+            stream.feed(b"b")  # lands exactly as the timer fires; still no "\n"
+
+        timed_out = pytest.RaisesExc(trio.TooSlowError, match="within 10s")
+        with trio.fail_after(60), pytest.RaisesGroup(timed_out, flatten_subgroups=True):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(feed)
+                await session.run()
+        assert trio.current_time() == start + 10, attempt
+
+
 async def test_units_finished_in_time_do_not_time_out(autojump_clock: MockClock) -> None:
     """Each unit takes 3s of a 10s limit, though every read ends inside a unit."""
     async with running(toy(unit_timeout=10)) as run:

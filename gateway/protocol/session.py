@@ -367,6 +367,10 @@ class Session:
             if answers.full:
                 await self._pause()
             scope = self._read_scope = trio.CancelScope(deadline=self._deadline)
+            if self._unit_expired:
+                # The unit timer fired just as the last read completed: that read won,
+                # and the unit is still partial, so this one loses at once.
+                scope.cancel()
             with scope:
                 if (
                     account is not None
@@ -395,6 +399,7 @@ class Session:
                     self._end_of_input()
                     return
                 self._unit_started = None  # a unit arrived whole: its clock stops
+                self._unit_expired = ""
                 await handle(event)
                 if reading.cancel_called:  # stop() from handle: later events are not taken
                     return
@@ -455,6 +460,7 @@ class Session:
         """After a read: is a unit partly received, and since when?"""
         if not self.partial():
             self._unit_started = None
+            self._unit_expired = ""
         elif self._unit_started is None:  # a unit started in this read
             self._unit_started = trio.current_time()
             if self._unit_begun:
@@ -484,7 +490,10 @@ class Session:
                 continue
             self._unit_expired = f"a unit that started arriving did not finish within {timeout:g}s"
             scope.cancel()
-            return
+            # Usually the read is cancelled and the session ends. But a read that had
+            # already completed goes on: if it finished the unit, the next one is timed
+            # from its start; if not, the reader's next read is cancelled at once.
+            await self._unit_begun.park()
 
     async def _pause(self) -> None:
         """Wait for room among the answers; the pause does not count against the peer."""
