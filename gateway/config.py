@@ -743,6 +743,12 @@ def default_config(registry: Registry | None = None, base_dir: Path | None = Non
     """The embedded default: every registered server protocol on loopback, own port,
     publishing into queues."""
     registry = registry or default_registry()
+    data = default_data(registry)
+    return parse(data, source="<embedded default>", base_dir=base_dir, registry=registry)
+
+
+def default_data(registry: Registry) -> dict[str, Any]:
+    """The embedded default as the config table it stands for (see :func:`default_config`)."""
     listeners = []
     for name, plugin in registry.loaded_protocols().items():
         if "server" not in plugin.roles or plugin.default_port is None:
@@ -757,11 +763,10 @@ def default_config(registry: Registry | None = None, base_dir: Path | None = Non
     # What the default listeners publish waits for a consumer (a queue), so a
     # sender is acked only once somebody took each message.
     queues = sorted({item.get("destination", item["name"]) for item in listeners})
-    data = {
+    return {
         "gateway": {"data_dir": "data"},
         "metrics": {"bind": f"127.0.0.1:{DEFAULT_METRICS_PORT}"},
         "admin": {"bind": f"127.0.0.1:{DEFAULT_ADMIN_PORT}"},
         "listeners": listeners,
         "destinations": [{"name": name, "kind": "queue"} for name in queues],
     }
-    return parse(data, source="<embedded default>", base_dir=base_dir, registry=registry)

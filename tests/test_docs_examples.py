@@ -2,30 +2,14 @@
 
 from __future__ import annotations
 
-import re
 import tomllib
 from pathlib import Path
 
 import pytest
+from documented import toml_configs
 
 from gateway.certs import init_dir
 from gateway.config import load
-
-ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-
-
-def toml_configs() -> list[tuple[str, str]]:
-    """(where, text) of each ```toml block that is a whole config (it has a listener)."""
-    found = []
-    for doc in DOCS:
-        text = doc.read_text(encoding="utf-8")
-        for i, block in enumerate(re.findall(r"```toml\n(.*?)```", text, re.S)):
-            block = re.sub(r"^  ", "", block, flags=re.M)  # blocks inside list items
-            if "[[listeners]]" in block or "[[upstreams]]" in block:
-                found.append((f"{doc.relative_to(ROOT)}#{i}", block))
-    return found
-
 
 CONFIGS = toml_configs()
 

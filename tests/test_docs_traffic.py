@@ -1,0 +1,244 @@
+"""Every config the README and docs show carries real traffic, and its senders get acks.
+
+Each documented config (and the embedded default that ``gateway run`` uses)
+is started as written, with only what a real deployment has swapped for local
+stand-ins:
+
+- binds go to loopback ports the OS picks;
+- the certificate files are made by ``gateway certs init certs``;
+- each upstream is a second gateway listening with the upstream's protocol
+  (and TLS, with a client certificate when the upstream sends one); of a
+  failover list, the first address refuses connections;
+- each queue has a consumer that acks, as the docs tell the reader to run;
+- where the config has an admin endpoint, the docs' "watch the traffic"
+  runs too: a ``gateway tap`` of everything that reads nothing until the end.
+
+Then every listener gets messages from a real client of its protocol over a
+real socket. Each message must be acked as delivered within ``DEADLINE``
+seconds (a documented example that stalls its senders fails here), and each
+upstream must have received exactly what the routes send it.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import socket
+import ssl
+import tomllib
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from documented import toml_configs
+from harness import host_port, running_gateway
+from interchange_ndjson.client import NdjsonClient
+
+from gateway.certs import init_dir
+from gateway.config import default_data
+from gateway.registry import default_registry
+from gateway.runtime import Gateway
+from gateway.status import snapshot
+from protocols.lumberjack.client import LumberjackClient
+
+#: Seconds within which every message of a config must be acked.
+DEADLINE = 30
+#: Messages each listener is sent.
+COUNT = 20
+
+Sender = Callable[[trio.abc.Stream, str, list[bytes]], Awaitable[None]]
+
+
+async def send_lumberjack(stream: trio.abc.Stream, destination: str, bodies: list[bytes]) -> None:
+    """Send ``bodies`` as Lumberjack events; return once the window is acked."""
+    async with LumberjackClient(stream) as client:
+        assert await client.send(bodies) == len(bodies)
+
+
+async def send_ndjson(stream: trio.abc.Stream, destination: str, bodies: list[bytes]) -> None:
+    """Publish ``bodies`` to ``destination``; every answer must be ``delivered``."""
+    async with NdjsonClient(stream) as client:
+        ids = await client.publish_nowait(bodies, destination)
+        answers = await client.wait_answers(ids)
+        assert [a.status for a in answers] == ["delivered"] * len(bodies), answers
+
+
+#: A real client for each protocol a documented listener speaks.
+SENDERS: dict[str, Sender] = {"lumberjack": send_lumberjack, "ndjson": send_ndjson}
+
+
+def documented() -> list[tuple[str, dict[str, Any]]]:
+    configs = [(where, tomllib.loads(text)) for where, text in toml_configs()]
+    return [("embedded default", default_data(default_registry())), *configs]
+
+
+CONFIGS = documented()
+
+
+def refused_address() -> str:
+    """A loopback address nothing listens on (connections to it are refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def local(data: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """``data`` with every bind on loopback and its data folder under ``tmp``."""
+    data = copy.deepcopy(data)
+    data.setdefault("gateway", {})["data_dir"] = str(tmp / "data")
+    for table in ("metrics", "admin"):
+        if table in data:
+            data[table]["bind"] = "127.0.0.1:0"
+    for listener in data.get("listeners", []):
+        if listener["bind"].startswith("unix:"):
+            listener["bind"] = f"unix:{tmp / listener['name']}.sock"
+        else:
+            listener["bind"] = "127.0.0.1:0"
+    return data
+
+
+def sink_config(upstream: dict[str, Any], certs: Path) -> dict[str, Any]:
+    """A gateway standing in for what ``upstream`` connects to: everything it is
+    sent lands in the queue ``received``."""
+    listener: dict[str, Any] = {
+        "name": "in",
+        "protocol": upstream["protocol"],
+        "bind": "127.0.0.1:0",
+        "destination": "received",
+    }
+    tls = upstream.get("tls")
+    if tls is not None:
+        listener["tls"] = {"cert": str(certs / "server.pem"), "key": str(certs / "server.key")}
+        if "cert" in tls:
+            listener["tls"] |= {"client_ca": str(certs / "ca.pem"), "client_auth": "required"}
+    return {
+        "listeners": [listener],
+        "routes": [{"from": "*", "to": ["received"]}],
+        "destinations": [{"name": "received", "kind": "queue"}],
+    }
+
+
+async def consume(gw: Gateway, destination: str, got: list[bytes]) -> None:
+    """Ack everything ``destination`` delivers, keeping the bodies."""
+    sub = gw.hub.subscribe(destination)
+    try:
+        while True:
+            for delivery in await sub.receive():
+                got.append(delivery.message.body)
+                sub.ack(delivery.tag)
+    except trio.ClosedResourceError:
+        pass  # the gateway shut down
+
+
+def client_context(listener: dict[str, Any], certs: Path) -> ssl.SSLContext | None:
+    tls = listener.get("tls")
+    if tls is None:
+        return None
+    context = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+    if tls.get("client_auth", "none") != "none":
+        context.load_cert_chain(str(certs / "client.pem"), str(certs / "client.key"))
+    return context
+
+
+async def open_stream(address: str, context: ssl.SSLContext | None) -> trio.abc.Stream:
+    if address.startswith("unix:"):
+        stream: trio.abc.Stream = await trio.open_unix_socket(address[5:])
+    else:
+        stream = await trio.open_tcp_stream(*host_port(address))
+    if context is not None:
+        tls = trio.SSLStream(stream, context, server_hostname="localhost")
+        await tls.do_handshake()
+        stream = tls
+    return stream
+
+
+def routed(data: dict[str, Any], destination: str) -> set[str]:
+    """The targets a message published to ``destination`` goes to (see routing.py)."""
+    targets = {
+        t
+        for r in data.get("routes", [])
+        if fnmatch.fnmatchcase(destination, r["from"])
+        for t in r["to"]
+    }
+    return targets or {destination}
+
+
+def test_every_documented_config_is_here() -> None:
+    assert len(CONFIGS) >= 8
+    assert all(
+        listener["protocol"] in SENDERS
+        for _, data in CONFIGS
+        for listener in data.get("listeners", [])
+    ), "a documented listener speaks a protocol this test has no client for: add one"
+
+
+@pytest.mark.parametrize("data", [d for _, d in CONFIGS], ids=[w for w, _ in CONFIGS])
+async def test_documented_config_acks_its_senders(data: dict[str, Any], tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    init_dir(certs)
+    config = local(data, tmp_path)
+    received: dict[str, list[bytes]] = {}
+    queued: dict[str, list[bytes]] = {}
+    async with trio.open_nursery() as nursery:
+        # What each upstream connects to.
+        for upstream in config.get("upstreams", []):
+            sink = await nursery.start(_serve, sink_config(upstream, certs), tmp_path)
+            got = received[upstream["name"]] = []
+            nursery.start_soon(consume, sink, "received", got)
+            address = sink.addresses["in"][0]
+            if isinstance(upstream["connect"], list) and len(upstream["connect"]) > 1:
+                upstream["connect"] = [refused_address(), address]
+            else:
+                upstream["connect"] = address
+        async with running_gateway(config, base_dir=tmp_path) as gw:
+            for spec in config.get("destinations", []):
+                if spec.get("kind") == "queue":
+                    got = queued[spec["name"]] = []
+                    nursery.start_soon(consume, gw, spec["name"], got)
+            tap = await open_tap(gw) if "admin" in config else None
+            expected: dict[str, int] = {}
+            with trio.fail_after(DEADLINE):
+                for listener in config.get("listeners", []):
+                    destination = listener.get("destination", "logs")
+                    bodies = [
+                        b'{"message":"%s %d"}' % (listener["name"].encode(), i)
+                        for i in range(COUNT)
+                    ]
+                    for target in routed(config, destination):
+                        expected[target] = expected.get(target, 0) + COUNT
+                    stream = await open_stream(
+                        gw.addresses[listener["name"]][0], client_context(listener, certs)
+                    )
+                    await SENDERS[listener["protocol"]](stream, destination, bodies)
+                # Acked means delivered: what the routes send upstream is there already.
+                for name, got in received.items():
+                    assert len(got) == expected.get(f"upstream:{name}", 0), name
+                for name, got in queued.items():
+                    assert len(got) == expected.get(name, 0), name
+                states = {u["name"]: u["state"] for u in snapshot(gw)["upstreams"]}
+                while any(state != "connected" for state in states.values()):
+                    await trio.sleep(0.05)
+                    states = {u["name"]: u["state"] for u in snapshot(gw)["upstreams"]}
+                if tap is not None:  # it held nothing up, and saw the traffic
+                    seen = b""
+                    while b'"message' not in seen:
+                        seen += await tap.receive_some()
+                    assert seen.startswith(b"HTTP/1.1 200 "), seen
+        nursery.cancel_scope.cancel()
+
+
+async def open_tap(gw: Gateway) -> trio.SocketStream:
+    """``gateway tap '*'``, as a connection that is not read from."""
+    stream = await trio.open_tcp_stream(*host_port(gw.admin_addresses[0]))
+    await stream.send_all(b"GET /api/tap?dest=%2A&format=json HTTP/1.1\r\nHost: gw\r\n\r\n")
+    return stream
+
+
+async def _serve(
+    data: dict[str, Any], base_dir: Path, *, task_status: trio.TaskStatus[Gateway]
+) -> None:
+    async with running_gateway(data, base_dir=base_dir) as gw:
+        task_status.started(gw)
+        await trio.sleep_forever()
