@@ -40,7 +40,7 @@ from .facade import HubFacade
 from .hub import Hub
 from .logs import Throttled
 from .logsetup import log_context
-from .metrics import Metrics
+from .metrics import Metrics, Tally
 from .metrics_http import serve_metrics
 from .plugin import (
     ConnectionInfo,
@@ -79,9 +79,7 @@ class _TrackedStream(trio.abc.Stream):
     activity for the idle timeout, as a plugin of its own may expect.
     """
 
-    def __init__(
-        self, inner: trio.abc.Stream, received: Counter, sent: Counter, guard: Guard
-    ) -> None:
+    def __init__(self, inner: trio.abc.Stream, received: Tally, sent: Tally, guard: Guard) -> None:
         self.inner = inner
         #: trio's name for the stream under a layer (the hang-up probe follows it).
         self.transport_stream = inner

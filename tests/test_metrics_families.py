@@ -293,3 +293,31 @@ def test_anonymous_groups_are_one_series() -> None:
     }
     assert groups == {ANONYMOUS_GROUP: 3, "named": 1}
     del subs
+
+
+# -- tallies: counters cheap enough for every publish ----------------------------------------
+
+
+def test_a_tally_family_is_exported_as_a_counter() -> None:
+    metrics = Metrics()
+    family = metrics.tally("demo_messages", "Messages of the demo.", ["listener"])
+    assert metrics.tally("demo_messages", "again", ["listener"]) is family  # same name, same one
+    family.labels(listener="a").inc()
+    family.labels("a").inc(2)
+    family.labels(listener="b")  # a series from 0
+    assert value(metrics, "demo_messages_total", listener="a") == 3
+    assert value(metrics, "demo_messages_total", listener="b") == 0
+    [parsed] = [
+        f
+        for f in text_string_to_metric_families(metrics.exposition().decode())
+        if f.name == "demo_messages"
+    ]
+    assert parsed.type == "counter"
+    assert parsed.documentation == "Messages of the demo."
+    assert {s.labels["listener"]: s.value for s in parsed.samples} == {"a": 3, "b": 0}
+    with pytest.raises(ValueError, match="labels must be exactly"):
+        family.labels(peer="x")
+    with pytest.raises(ValueError, match="labels must be exactly"):
+        family.labels("a", "b")
+    with pytest.raises(ValueError, match="is a TallyFamily, not a Counter"):
+        metrics.counter("demo_messages", "as a prometheus_client counter", ["listener"])
