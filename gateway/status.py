@@ -397,22 +397,25 @@ def hints(status: dict[str, Any]) -> list[dict[str, str]]:
                 hint(
                     "warning",
                     subject,
-                    f"{g['held']} messages wait in group {g['name']}, which has no subscriber:"
+                    f"{_count(g['held'], 'message waits', 'messages wait')} in group {g['name']},"
+                    " which has no subscriber:"
                     " their senders are acked only once a consumer acks them",
                 )
             elif g["unacked"] and not g["queued"]:
                 hint(
                     "info",
                     subject,
-                    f"{g['unacked']} messages are delivered to group {g['name']} and not acked"
+                    f"{_count(g['unacked'], 'message is', 'messages are')} delivered to group"
+                    f" {g['name']} and not acked"
                     " yet: their senders wait for the consumers' acks",
                 )
             elif g["queued"] and g["members"]:
                 hint(
                     "info",
                     subject,
-                    f"{g['queued']} messages queued in group {g['name']}: its"
-                    f" {g['members']} subscriber(s) have no credit or window left",
+                    f"{_count(g['queued'], 'message', 'messages')} queued in group {g['name']}: its"
+                    f" {_count(g['members'], 'subscriber has', 'subscribers have')} no credit"
+                    " or window left",
                 )
             if g["full"]:
                 hint(
@@ -424,19 +427,27 @@ def hints(status: dict[str, Any]) -> list[dict[str, str]]:
             hint(
                 "info",
                 subject,
-                f"{d['orphaned']} messages left by a departed subscriber wait for a group",
+                f"{_count(d['orphaned'], 'message', 'messages')} left by a departed subscriber"
+                f" {'waits' if d['orphaned'] == 1 else 'wait'} for a group",
             )
         if d.get("discarded") and not d["groups"] and not waiting:
             hint(
                 "info",
                 subject,
-                f"{d['discarded']} messages were discarded: a topic with no subscriber keeps"
+                f"{_count(d['discarded'], 'message was', 'messages were')} discarded: a topic with"
+                " no subscriber keeps"
                 " nothing (their senders were acked); make it a queue to keep them",
             )
     if status["inflight"] and not out:
         hint(
             "info",
             "gateway",
-            f"{status['inflight']} publishes are not settled yet (their senders wait for acks)",
+            f"{_count(status['inflight'], 'publish is', 'publishes are')} not settled yet"
+            " (their senders wait for acks)",
         )
     return out
+
+
+def _count(n: int, one: str, many: str) -> str:
+    """``1 message waits``, ``2 messages wait``: a count with its words in agreement."""
+    return f"{n} {one if n == 1 else many}"

@@ -534,3 +534,47 @@ def test_gateway_check_refuses_an_admin_bind_taken_by_metrics(tmp_path: Path) ->
     )
     assert result.returncode == 1
     assert f"{config_file}: admin.bind: is also the bind of metrics" in result.stderr
+
+
+def _status_with_group(**group: int) -> dict[str, Any]:
+    counts = {"held": 0, "members": 0, "queued": 0, "unacked": 0} | group
+    return {
+        "draining": False,
+        "inflight": 0,
+        "memory": {"used": 0, "limit": 1, "exhausted": False},
+        "listeners": [],
+        "upstreams": [],
+        "destinations": [
+            {
+                "name": "jobs",
+                "kind": "queue",
+                "backlog": {"messages": counts["held"], "bytes": 0},
+                "groups": [{"name": "queue", "full": False} | counts],
+            }
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("group", "text"),
+    [
+        ({"held": 1, "queued": 1}, "1 message waits in group queue, which has no subscriber"),
+        ({"held": 3, "queued": 3}, "3 messages wait in group queue, which has no subscriber"),
+        ({"held": 1, "unacked": 1, "members": 1}, "1 message is delivered to group queue"),
+        ({"held": 2, "unacked": 2, "members": 1}, "2 messages are delivered to group queue"),
+        (
+            {"held": 1, "queued": 1, "members": 1},
+            "1 message queued in group queue: its 1 subscriber has no credit",
+        ),
+        (
+            {"held": 5, "queued": 5, "members": 2},
+            "5 messages queued in group queue: its 2 subscribers have no credit",
+        ),
+    ],
+)
+def test_hints_count_in_words_that_agree(group: dict[str, int], text: str) -> None:
+    from gateway.status import hints
+
+    [hint] = hints(_status_with_group(**group))
+    assert hint["subject"] == "destination jobs"
+    assert hint["text"].startswith(text), hint["text"]
