@@ -405,34 +405,14 @@ def parse(
     ]
     _unique(errors, "destinations", [(i, d.name) for i, d in indexed_destinations], "name")
     destinations = [spec for _, spec in indexed_destinations]
-    metrics_bind = None
-    metrics_max_connections, metrics_idle_timeout = 16, 10.0
-    metrics = root.table("metrics")
-    if metrics is not None and metrics.ok:
-        metrics_bind = metrics.get("bind", "str", check=_check_address(registry, plain=True))
-        metrics_max_connections = metrics.get("max_connections", "int", 16, minimum=1)
-        metrics_idle_timeout = metrics.get("idle_timeout", "duration", 10.0, minimum=0.01)
-        metrics.finish()
-        if metrics_bind is not None and not _any_port(metrics_bind):
-            for i, ls in indexed_listeners:
-                if ls.bind == metrics_bind:
-                    errors.add(metrics.key("bind"), f"is also the bind of listeners[{i}]")
-    admin_bind = None
-    admin_max_connections, admin_idle_timeout = 16, 10.0
-    admin = root.table("admin")
-    if admin is not None and admin.ok:
-        admin_bind = admin.get(
-            "bind", "str", check=_check_address(registry, plain=True, what="admin")
-        )
-        admin_max_connections = admin.get("max_connections", "int", 16, minimum=1)
-        admin_idle_timeout = admin.get("idle_timeout", "duration", 10.0, minimum=0.01)
-        admin.finish()
-        if admin_bind is not None and not _any_port(admin_bind):
-            for i, ls in indexed_listeners:
-                if ls.bind == admin_bind:
-                    errors.add(admin.key("bind"), f"is also the bind of listeners[{i}]")
-            if admin_bind == metrics_bind:
-                errors.add(admin.key("bind"), "is also the bind of metrics")
+    metrics_bind, metrics_max_connections, metrics_idle_timeout = _http_endpoint(
+        root, "metrics", registry, indexed_listeners, errors
+    )
+    admin_bind, admin_max_connections, admin_idle_timeout = _http_endpoint(
+        root, "admin", registry, indexed_listeners, errors
+    )
+    if admin_bind is not None and admin_bind == metrics_bind and not _any_port(admin_bind):
+        errors.add("admin.bind", "is also the bind of metrics")
     _overlapping_binds(
         errors,
         [(f"listeners[{i}].bind", ls.bind) for i, ls in indexed_listeners]
@@ -458,6 +438,29 @@ def parse(
         admin_max_connections=admin_max_connections,
         admin_idle_timeout=admin_idle_timeout,
     )
+
+
+def _http_endpoint(
+    root: _Table,
+    name: str,
+    registry: Registry,
+    indexed_listeners: list[tuple[int, ListenerSettings]],
+    errors: _Errors,
+) -> tuple[str | None, int, float]:
+    """The ``[metrics]`` or ``[admin]`` table: (bind or None, max_connections, idle_timeout)."""
+    bind, max_connections, idle_timeout = None, 16, 10.0
+    table = root.table(name)
+    if table is None or not table.ok:
+        return bind, max_connections, idle_timeout
+    bind = table.get("bind", "str", check=_check_address(registry, plain=True, what=name))
+    max_connections = table.get("max_connections", "int", 16, minimum=1)
+    idle_timeout = table.get("idle_timeout", "duration", 10.0, minimum=0.01)
+    table.finish()
+    if bind is not None and not _any_port(bind):
+        for i, ls in indexed_listeners:
+            if ls.bind == bind:
+                errors.add(table.key("bind"), f"is also the bind of listeners[{i}]")
+    return bind, max_connections, idle_timeout
 
 
 def _check_destination_name(value: str) -> None:

@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
+from test_runtime_tls import tls_listener
 
 from gateway.certs import create_ca, init_dir, issue
 from gateway.plugin import describe_error
@@ -80,24 +81,10 @@ def _expired_client(paths: dict[str, Path], directory: Path) -> tuple[Path, Path
 
 
 def config(certs: dict[str, Path], **tls: str) -> dict[str, Any]:
-    return {
-        "listeners": [
-            {
-                "name": LISTENER,
-                "protocol": "ndjson",
-                "bind": "127.0.0.1:0",
-                "destination": "logs",
-                "handshake_timeout": "1s",
-                "tls": {
-                    "cert": str(certs["server_cert"]),
-                    "key": str(certs["server_key"]),
-                    "client_ca": str(certs["ca_cert"]),
-                    "client_auth": "required",
-                    **tls,
-                },
-            }
-        ]
-    }
+    """The mutual-TLS ndjson listener of the TLS tests, with more time to shake hands."""
+    listener = tls_listener(certs) | {"name": LISTENER, "handshake_timeout": "1s"}
+    listener["tls"] |= tls
+    return {"listeners": [listener]}
 
 
 def client_context(
