@@ -2,9 +2,9 @@
 
 ``upstream-outage``: a Lumberjack sender → a gateway (``python -m gateway
 run``: a Lumberjack listener, the route ``logs`` → ``upstream:sink``, a
-Lumberjack upstream) → a Lumberjack *sink* in the benchmark process (the
-library's :func:`~protocols.lumberjack.server.serve_connection`; it records
-each event, then lets its window be acked).
+Lumberjack upstream) → a Lumberjack *sink* in the benchmark process
+(:class:`bench._sink.KillableSink`, which the fault suite uses too; it
+records each event, then lets its window be acked).
 
 Once traffic has flowed for ``--seconds``, the sink is killed abruptly: its
 listening socket is closed and its connections are reset, windows read and
@@ -31,20 +31,16 @@ from __future__ import annotations
 import argparse
 import math
 import re
-import socket
-import struct
 from collections import deque
 from typing import Any
 
 import trio
 
-from gateway.model import Outcome
-from gateway.receipts import Receipt
-from protocols.lumberjack import NEED_DATA, ClientCodec, ConnectionClosed, Progress, Window
-from protocols.lumberjack.server import ServerSettings, serve_connection
+from protocols.lumberjack import NEED_DATA, ClientCodec, ConnectionClosed, Progress
 
 from . import Result, int_at_least, register
 from ._gateway import RunningGateway, run_gateway
+from ._sink import KillableSink
 
 LISTENER = "beats"
 DESTINATION = "logs"
@@ -55,72 +51,6 @@ ACK_GRACE = 0.5
 #: The upstream's warnings an outage is expected to cause.
 _EXPECTED_WARNINGS = re.compile(rf"\[upstream {UPSTREAM}\] (cannot connect|connection to \S+ lost)")
 _CANNOT_CONNECT = re.compile(rf"\[upstream {UPSTREAM}\] cannot connect")
-
-
-class Sink:
-    """A Logstash stand-in that records each event's number before acking its window."""
-
-    def __init__(self, nursery: trio.Nursery) -> None:
-        self.nursery = nursery
-        self.received: list[int] = []
-        self.port = 0
-        self.connections = 0
-        self.started_at = math.nan
-        self.first_event_at = math.nan
-        self._scope: trio.CancelScope | None = None
-        self._stopped = trio.Event()
-        self._got_event = trio.Event()
-
-    async def start(self) -> None:
-        """Listen (on the previous port after a kill)."""
-        self.port = await self.nursery.start(self._run, self.port)
-
-    async def _run(self, port: int, task_status: trio.TaskStatus[int]) -> None:
-        listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
-        self._stopped = trio.Event()
-        self.started_at = trio.current_time()
-        self.first_event_at = math.nan
-        try:
-            with trio.CancelScope() as self._scope:
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(trio.serve_listeners, self._handle, listeners)
-                    task_status.started(int(listeners[0].socket.getsockname()[1]))
-        finally:
-            for listener in listeners:
-                await trio.aclose_forcefully(listener)
-            self._stopped.set()
-
-    async def kill(self) -> None:
-        """Close the listener and reset every connection, as a crash would."""
-        assert self._scope is not None
-        self._scope.cancel()
-        await self._stopped.wait()
-
-    async def wait_first_event(self) -> float:
-        while math.isnan(self.first_event_at):
-            self._got_event = trio.Event()
-            await self._got_event.wait()
-        return self.first_event_at
-
-    async def _handle(self, stream: trio.SocketStream) -> None:
-        self.connections += 1
-        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-
-        async def sink(window: Window) -> Receipt:
-            for _, payload in window.events:
-                assert isinstance(payload, bytes)
-                self.received.append(event_number(payload))
-            if window.events and math.isnan(self.first_event_at):
-                self.first_event_at = trio.current_time()
-                self._got_event.set()
-            return Receipt.settled(Outcome.DELIVERED)
-
-        try:
-            await serve_connection(stream, sink, ServerSettings())
-        except* (OSError, trio.BrokenResourceError, trio.TooSlowError):
-            pass  # the upstream went away
-        finally:
-            await trio.aclose_forcefully(stream)
 
 
 def make_event(n: int, size: int) -> bytes:
@@ -253,7 +183,7 @@ async def _run(args: argparse.Namespace) -> Result:
     t: dict[str, float] = {}
     gw: RunningGateway | None = None
     async with trio.open_nursery() as nursery:
-        sink = Sink(nursery)
+        sink = KillableSink(nursery, number=event_number)
         await sink.start()
         config = _config(args, sink.port)
         result.details["gateway_config"] = config
@@ -289,7 +219,7 @@ async def _run(args: argparse.Namespace) -> Result:
                 await trio.aclose_forcefully(stream)
         await sink.kill()
 
-    first_event = sink.first_event_at - t["restart"]
+    first_event = (math.nan if sink.first_event_at is None else sink.first_event_at) - t["restart"]
     first_ack = sender.first_ack_after(t["restart"]) - t["restart"]
     received = set(sink.received)
     lost = sum(1 for n in sender.acked if n not in received)
