@@ -105,14 +105,20 @@ async def test_a_failed_batch_closes_the_connection() -> None:
             assert sending.result == 1
 
 
+def _two_windows_of_one_event() -> bytes:
+    """``W 1`` + ``J`` seq 7, then ``W 1`` + ``J`` seq 8: two windows the server acks apart."""
+    one = b'{"n":1}'
+    window = struct.pack(">BBI", 0x32, ord("W"), 1)
+    return b"".join(
+        window + struct.pack(">BBII", 0x32, ord("J"), seq, len(one)) + one for seq in (7, 8)
+    )
+
+
 async def test_batches_are_acked_in_window_order() -> None:
     """Acking the second window first acks nothing until the first is acked too."""
     async with server() as srv:
         stream = await trio.open_tcp_stream("127.0.0.1", srv.port)
-        one = b'{"n":1}'
-        window = struct.pack(">BBI", 0x32, ord("W"), 1)
-        frames = [window + struct.pack(">BBII", 0x32, ord("J"), s, len(one)) + one for s in (7, 8)]
-        await stream.send_all(b"".join(frames))
+        await stream.send_all(_two_windows_of_one_event())
         first, second = await next_batch(srv), await next_batch(srv)
         second.ack()
         with trio.move_on_after(0.3):
@@ -218,10 +224,7 @@ async def test_a_batch_acked_just_before_a_failed_one_still_gets_its_ack() -> No
     """Acks owed before a refused window go out before the connection closes."""
     async with server() as srv:
         stream = await trio.open_tcp_stream("127.0.0.1", srv.port)
-        one = b'{"n":1}'
-        window = struct.pack(">BBI", 0x32, ord("W"), 1)
-        frames = [window + struct.pack(">BBII", 0x32, ord("J"), s, len(one)) + one for s in (7, 8)]
-        await stream.send_all(b"".join(frames))
+        await stream.send_all(_two_windows_of_one_event())
         first, second = await next_batch(srv), await next_batch(srv)
         first.ack()  # settled together, before the server's writer runs
         second.fail("disk full")
