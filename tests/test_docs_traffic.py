@@ -35,6 +35,7 @@ import trio
 from documented import toml_configs
 from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
+from test_runtime_tls import client_context
 
 from gateway.certs import init_dir
 from gateway.config import default_data
@@ -99,7 +100,7 @@ def local(data: dict[str, Any], tmp: Path) -> dict[str, Any]:
     return data
 
 
-def sink_config(upstream: dict[str, Any], certs: Path) -> dict[str, Any]:
+def sink_config(upstream: dict[str, Any], certs: dict[str, Path]) -> dict[str, Any]:
     """A gateway standing in for what ``upstream`` connects to: everything it is
     sent lands in the queue ``received``."""
     listener: dict[str, Any] = {
@@ -110,9 +111,9 @@ def sink_config(upstream: dict[str, Any], certs: Path) -> dict[str, Any]:
     }
     tls = upstream.get("tls")
     if tls is not None:
-        listener["tls"] = {"cert": str(certs / "server.pem"), "key": str(certs / "server.key")}
+        listener["tls"] = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"])}
         if "cert" in tls:
-            listener["tls"] |= {"client_ca": str(certs / "ca.pem"), "client_auth": "required"}
+            listener["tls"] |= {"client_ca": str(certs["ca_cert"]), "client_auth": "required"}
     return {
         "listeners": [listener],
         "routes": [{"from": "*", "to": ["received"]}],
@@ -132,14 +133,12 @@ async def consume(gw: Gateway, destination: str, got: list[bytes]) -> None:
         pass  # the gateway shut down
 
 
-def client_context(listener: dict[str, Any], certs: Path) -> ssl.SSLContext | None:
+def listener_context(listener: dict[str, Any], certs: dict[str, Path]) -> ssl.SSLContext | None:
+    """How a client of ``listener`` does TLS (with the client certificate where asked)."""
     tls = listener.get("tls")
     if tls is None:
         return None
-    context = ssl.create_default_context(cafile=str(certs / "ca.pem"))
-    if tls.get("client_auth", "none") != "none":
-        context.load_cert_chain(str(certs / "client.pem"), str(certs / "client.key"))
-    return context
+    return client_context(certs, "client" if tls.get("client_auth", "none") != "none" else None)
 
 
 async def open_stream(address: str, context: ssl.SSLContext | None) -> trio.abc.Stream:
@@ -176,8 +175,7 @@ def test_every_documented_config_is_here() -> None:
 
 @pytest.mark.parametrize("data", [d for _, d in CONFIGS], ids=[w for w, _ in CONFIGS])
 async def test_documented_config_acks_its_senders(data: dict[str, Any], tmp_path: Path) -> None:
-    certs = tmp_path / "certs"
-    init_dir(certs)
+    certs = init_dir(tmp_path / "certs")  # where the documented configs look for them
     config = local(data, tmp_path)
     received: dict[str, list[bytes]] = {}
     queued: dict[str, list[bytes]] = {}
@@ -209,7 +207,7 @@ async def test_documented_config_acks_its_senders(data: dict[str, Any], tmp_path
                     for target in routed(config, destination):
                         expected[target] = expected.get(target, 0) + COUNT
                     stream = await open_stream(
-                        gw.addresses[listener["name"]][0], client_context(listener, certs)
+                        gw.addresses[listener["name"]][0], listener_context(listener, certs)
                     )
                     await SENDERS[listener["protocol"]](stream, destination, bodies)
                 # Acked means delivered: what the routes send upstream is there already.
