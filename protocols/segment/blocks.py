@@ -1,0 +1,296 @@
+"""Append blocks: how a writer's events are cut into blocks, and put back together.
+
+A client appends event frames (``[0][len][payload]``) in blocks. An
+``AppendBlock`` header announces the whole block's length, the events follow
+it on the wire, and an ``AppendBlockEnd`` closes it:
+
+* **unbatched** (the block size is not above the event's size): one block
+  holds exactly the events written at once, and its end says all of it is
+  whole events;
+* **batched** (block size ``B`` above the event's size): the header announces
+  ``16 + B + 8`` bytes (the 8 reserve room for one more command header) and
+  events stream into it. An event that does not fit fills the block with a
+  ``PartialEvent`` of its first bytes and closes it, the rest of the event
+  travelling in the end's ``data``; an event that fits exactly takes the same
+  path with an empty rest. A block closed early (the caller decides when) is
+  filled with ``Padding``.
+
+:class:`BlockWriter` does that, byte for byte as Pravega's client
+``CommandEncoder``. On the server, :func:`read_block_end` and
+:func:`assemble` check a received block and its end (the rules of research
+§A.2 "Server-side checks") and rebuild the events' bytes
+``block[:sizeOfWholeEvents] ‖ partial ‖ end.data``, which must be exactly
+``numEvents`` event frames; the server connection returns them as one
+:class:`Append`.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, NamedTuple
+from uuid import UUID
+
+from gateway.errors import LocalProtocolError, RemoteProtocolError
+
+from .commands import (
+    MAX_EVENT_PAYLOAD,
+    MAX_WIRECOMMAND_SIZE,
+    AppendBlockEnd,
+    CommandType,
+)
+from .frames import HEADER, count_events, encode, type_name
+
+__all__ = ["Append", "BlockEnd", "BlockWriter", "assemble", "read_block_end"]
+
+#: The fixed fields of an ``AppendBlockEnd`` around its data: writer id,
+#: ``sizeOfWholeEvents`` and ``dataLength`` before it, ``numEvents`` and
+#: ``lastEventNumber`` after it (the request id after them is optional).
+_END_HEAD: Final = 16 + 4 + 4
+_END_TAIL: Final = struct.Struct(">iq")
+_END_MIN: Final = _END_HEAD + _END_TAIL.size
+_I64: Final = struct.Struct(">q")
+_I32X2: Final = struct.Struct(">ii")
+#: A block's header announces the writer id too.
+_WRITER: Final = 16
+_APPEND_BLOCK: Final = int(CommandType.APPEND_BLOCK)
+_PARTIAL: Final = int(CommandType.PARTIAL_EVENT)
+_PADDING: Final = int(CommandType.PADDING)
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """One append block received whole and checked: ``event_count`` events of a writer.
+
+    Answer it with ``DataAppended`` once its data is stored
+    (:meth:`~protocols.segment.ServerConnection.acknowledge`).
+    """
+
+    writer_id: UUID
+    #: The block end's request id (-1 from a peer too old to send one).
+    request_id: int
+    #: The events' frames, ``[0][len][payload]`` each: what the segment stores.
+    data: bytes
+    event_count: int
+    #: The number of the block's last event; its first is ``last - count + 1``.
+    last_event_number: int
+    #: The segment the writer was set up for.
+    segment: str
+
+
+class BlockWriter:
+    """The client's block writer: events in, ``AppendBlock``… ``AppendBlockEnd`` bytes out.
+
+    At most one batched block is open at a time (for one writer); writing
+    for another writer, or :meth:`close`, closes it with ``Padding``.
+    """
+
+    def __init__(self, max_command: int = MAX_WIRECOMMAND_SIZE) -> None:
+        self.max_command = max_command
+        # The open batched block (writer None: none is open).
+        self._writer: UUID | None = None
+        self._size = 0
+        self._left = 0
+        self._count = 0
+        self._last = 0
+        self._request_id = -1
+
+    @property
+    def open_writer(self) -> UUID | None:
+        """The writer whose batched block is open, or None."""
+        return self._writer
+
+    def write(
+        self,
+        writer_id: UUID,
+        payloads: Sequence[bytes],
+        last_event_number: int,
+        *,
+        block_size: int = 0,
+        request_id: int = -1,
+    ) -> bytes:
+        """The bytes that append ``payloads``, numbered up to ``last_event_number``.
+
+        Events go into the open block of ``writer_id`` while they fit; else a
+        batched block of ``block_size`` starts for each event smaller than it,
+        and consecutive events that are not smaller share one unbatched block.
+        A batched block may stay open after the call.
+        """
+        if not 0 <= block_size <= self.max_command - _WRITER - 8:
+            raise LocalProtocolError(
+                f"block size {block_size} outside 0..{self.max_command - _WRITER - 8}"
+            )
+        for payload in payloads:
+            if len(payload) > MAX_EVENT_PAYLOAD:
+                raise LocalProtocolError(
+                    f"event of {len(payload)} bytes exceeds {MAX_EVENT_PAYLOAD} bytes"
+                )
+        out: list[bytes] = []
+        put = out.append
+        if self._writer is not None and self._writer != writer_id:
+            put(self.close())
+        self._request_id = request_id
+        header = HEADER.pack
+        # The open batched block, in locals for the loop (written back at the end).
+        is_open = self._writer is not None
+        left, count, last = self._left, self._count, self._last
+        run: list[bytes] = []  # event frames of an unbatched block being gathered
+        run_bytes = run_count = 0
+        number = last_event_number - len(payloads)
+        for payload in payloads:
+            number += 1
+            length = len(payload)
+            size = 8 + length
+            if is_open:
+                if left > size:
+                    put(header(0, length))
+                    put(payload)
+                    left -= size
+                    count += 1
+                    last = number
+                    continue
+                # The event does not fit (or fits exactly): a partial event fills the block.
+                frame = header(0, length) + payload
+                put(header(_PARTIAL, left))
+                put(frame[:left])
+                put(self._end(writer_id, self._size - left, frame[left:], count + 1, number))
+                is_open = False
+                continue
+            if block_size > size:
+                if run:
+                    put(self._unbatched(writer_id, run, run_bytes, run_count, number - 1))
+                    run = []
+                    run_bytes = run_count = 0
+                put(header(_APPEND_BLOCK, _WRITER + block_size + 8) + writer_id.bytes)
+                put(header(0, length))
+                put(payload)
+                is_open = True
+                self._size = block_size
+                left = block_size - size
+                count = 1
+                last = number
+                continue
+            if run and _WRITER + run_bytes + size > self.max_command:
+                put(self._unbatched(writer_id, run, run_bytes, run_count, number - 1))
+                run = []
+                run_bytes = run_count = 0
+            run.append(header(0, length))
+            run.append(payload)
+            run_bytes += size
+            run_count += 1
+        if run:
+            put(self._unbatched(writer_id, run, run_bytes, run_count, number))
+        self._writer = writer_id if is_open else None
+        self._left, self._count, self._last = left, count, last
+        return b"".join(out)
+
+    def close(self) -> bytes:
+        """Close the open batched block with ``Padding`` and its end (``b""`` if none)."""
+        writer = self._writer
+        if writer is None:
+            return b""
+        left = self._left
+        self._writer = None
+        return b"".join(
+            (
+                HEADER.pack(_PADDING, left),
+                bytes(left),
+                self._end(writer, self._size - left, b"", self._count, self._last),
+            )
+        )
+
+    def _unbatched(
+        self, writer_id: UUID, frames: list[bytes], size: int, count: int, last: int
+    ) -> bytes:
+        head = HEADER.pack(_APPEND_BLOCK, _WRITER + size) + writer_id.bytes
+        end = encode(AppendBlockEnd(writer_id, size, b"", count, last, self._request_id))
+        return b"".join((head, *frames, end))
+
+    def _end(self, writer_id: UUID, whole: int, data: bytes, count: int, last: int) -> bytes:
+        return encode(AppendBlockEnd(writer_id, whole, data, count, last, self._request_id))
+
+
+class BlockEnd(NamedTuple):
+    """A received ``AppendBlockEnd``'s fields; its data is ``buffer[data : data + data_length]``."""
+
+    size_of_whole_events: int
+    data: int
+    data_length: int
+    num_events: int
+    last_event_number: int
+    request_id: int
+
+
+def read_block_end(buffer: bytes | bytearray, start: int, stop: int) -> BlockEnd:
+    """The fields of the ``AppendBlockEnd`` body ``buffer[start:stop]`` (writer id first)."""
+    if stop - start < _END_MIN:
+        raise RemoteProtocolError("AppendBlockEnd ends inside its fields")
+    whole, data_length = _I32X2.unpack_from(buffer, start + _WRITER)
+    data = start + _END_HEAD
+    if data_length < 0 or data_length > stop - data - _END_TAIL.size:
+        raise RemoteProtocolError(f"AppendBlockEnd data length {data_length} outside its body")
+    p = data + data_length
+    num_events, last = _END_TAIL.unpack_from(buffer, p)
+    p += _END_TAIL.size
+    request_id = _I64.unpack_from(buffer, p)[0] if stop - p >= 8 else -1
+    return BlockEnd(whole, data, data_length, num_events, last, request_id)
+
+
+def assemble(
+    buffer: bytes | bytearray,
+    block: int,
+    block_stop: int,
+    end: BlockEnd,
+    max_payload: int = MAX_EVENT_PAYLOAD,
+) -> bytes:
+    """The events of the block ``buffer[block:block_stop]`` (after its writer id) and its end.
+
+    Checks ``0 <= sizeOfWholeEvents <= block``, that the rest of the block is
+    exactly one ``PartialEvent`` or ``Padding`` (a ``Padding`` with an empty
+    end data), and that the result is exactly ``numEvents`` event frames of
+    at most ``max_payload`` bytes each.
+    """
+    whole = end.size_of_whole_events
+    if not 0 <= whole <= block_stop - block:
+        raise RemoteProtocolError(
+            f"sizeOfWholeEvents {whole} outside the block's {block_stop - block} bytes"
+        )
+    rest = block + whole
+    spans = [(block, rest)]
+    if rest < block_stop:
+        if block_stop - rest < 8:
+            raise RemoteProtocolError(
+                f"{block_stop - rest} bytes after the whole events: not a command header"
+            )
+        code, length = HEADER.unpack_from(buffer, rest)
+        if code != _PARTIAL and code != _PADDING:
+            raise RemoteProtocolError(
+                f"{type_name(code)} after the whole events of a block"
+                " (expected PARTIAL_EVENT or PADDING)"
+            )
+        if length != block_stop - rest - 8:
+            raise RemoteProtocolError(
+                f"{type_name(code)} of {length} bytes in the {block_stop - rest - 8}"
+                " bytes left in the block"
+            )
+        if code == _PARTIAL:
+            spans.append((rest + 8, block_stop))
+        elif end.data_length:
+            raise RemoteProtocolError(
+                f"a padded block's end carries {end.data_length} bytes of data"
+            )
+    if end.data_length:
+        spans.append((end.data, end.data + end.data_length))
+    # The views are gone before this returns: a bytearray with a view cannot be resized.
+    with memoryview(buffer) as view:
+        if len(spans) == 1:
+            data = view[block:rest].tobytes()
+        else:
+            data = b"".join([view[a:b] for a, b in spans])
+    count = count_events(data, 0, len(data), max_payload)
+    if count != end.num_events:
+        raise RemoteProtocolError(
+            f"a block of {count} events says it holds {end.num_events} (numEvents)"
+        )
+    return data
