@@ -1,4 +1,4 @@
-"""The ``gateway`` command: run, check, plugins, certs.
+"""The ``gateway`` command: run, check, plugins, certs, store.
 
 Exit status of ``gateway run``: 0 after a clean stop; 1 when it could not
 start (a bad config, a port in use, a plugin that failed to set up); 3 when
@@ -242,6 +242,58 @@ def cmd_certs_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def _store_dir(args: argparse.Namespace) -> Path:
+    """``--data-dir``, else the ``data_dir`` of ``--config``, else ``data``; plus ``store``."""
+    if args.data_dir:
+        return Path(args.data_dir) / "store"
+    return _load(args.config).gateway.data_dir / "store"
+
+
+def cmd_store_inspect(args: argparse.Namespace) -> int:
+    from .store.layout import UnknownFormat
+    from .store.report import inspect_lines, scan
+
+    try:
+        directory = _store_dir(args)
+        segments = list(scan(directory, verify="none", segment=args.segment))
+    except (ConfigError, FileNotFoundError, UnknownFormat) as e:
+        print(e, file=sys.stderr)
+        return 1
+    if not segments:
+        print(f"{directory}: no segments")
+    for segment in segments:
+        for line in inspect_lines(segment, detail=args.segment is not None):
+            print(line)
+    return 0
+
+
+def cmd_store_verify(args: argparse.Namespace) -> int:
+    from .store.layout import UnknownFormat
+    from .store.report import scan, verify_lines
+
+    try:
+        directory = _store_dir(args)
+        segments = list(scan(directory, verify="all"))
+    except (ConfigError, FileNotFoundError, UnknownFormat) as e:
+        print(e, file=sys.stderr)
+        return 1
+    damaged = 0
+    for segment in segments:
+        lines = verify_lines(segment)
+        damaged += bool(lines)
+        for line in lines:
+            print(line)
+    records = sum(s.report.records for s in segments)
+    corrupt = sum(s.report.corrupt_records for s in segments)
+    torn = sum(s.report.truncated_bytes for s in segments)
+    verified = sum(s.report.verified_bytes for s in segments)
+    print(
+        f"{directory}: {len(segments)} segments, {records} records, {verified} bytes "
+        f"verified: {corrupt} corrupt records, {torn} bytes of torn tail"
+    )
+    return 1 if damaged else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gateway", description="Interchange: a multi-protocol message gateway."
@@ -304,6 +356,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     init.add_argument("--force", action="store_true", help="replace existing files")
     init.set_defaults(func=cmd_certs_init)
+
+    store = sub.add_parser("store", help="look into the embedded segment store (read-only)")
+    store_sub = store.add_subparsers(dest="store_command", required=True)
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument(
+        "--data-dir", help="the gateway's data directory (the store is its store/ folder)"
+    )
+    where.add_argument("--config", help="a TOML config file: its [gateway] data_dir")
+    inspect = store_sub.add_parser(
+        "inspect",
+        parents=[where],
+        help="segments: bytes, events, chunks, records, writers' last event numbers",
+    )
+    inspect.add_argument("segment", nargs="?", help="one segment, in detail")
+    inspect.set_defaults(func=cmd_store_inspect)
+    verify = store_sub.add_parser(
+        "verify",
+        parents=[where],
+        help="check every checksum; exit status 1 if anything is damaged",
+    )
+    verify.set_defaults(func=cmd_store_verify)
     return parser
 
 

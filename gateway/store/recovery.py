@@ -1,0 +1,465 @@
+"""Recovery of a segment directory: find where the data ends, what is damaged,
+and bring the files back to a consistent state; never refuse.
+
+Two passes over the chunks, oldest first, each holding one chunk's index at a
+time. The first reads every index entry (its own checksum, its place in the
+sequence) and checks the data it describes: that the data file holds it and,
+for the chunks that may be torn (all of them when asked), its CRC. That finds
+the last good record of the segment: everything after it is a *torn tail*,
+cut away. The second pass writes the result: damaged records before that
+point stay where they are, flagged corrupt in the index (offsets and event
+indexes do not move); stretches no valid entry describes (a lost index tail,
+a garbled entry) get a synthesized corrupt entry covering their bytes and
+events; data files are cut or extended to the bytes their entries cover.
+With ``repair=False`` (``gateway store verify`` and ``inspect``) nothing is
+written and the report says the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+from .layout import (
+    FLAG_CORRUPT,
+    INDEX_ENTRY,
+    INDEX_HEADER,
+    META_FILE,
+    TMP_SUFFIX,
+    ZERO_WRITER,
+    IndexEntry,
+    IndexHeader,
+    UnknownFormat,
+    chunk_paths,
+    chunk_starts,
+    crc32,
+    decode_name,
+    fsync_directory,
+    read_document,
+)
+from .records import RecordFormat
+
+__all__ = ["RecoveredChunk", "RecoveredSegment", "RecoveryReport", "recover_segment"]
+
+log = logging.getLogger("gateway.store")
+
+#: Which chunks get their data checksums verified: all, those that may be torn, none.
+Verify = Literal["all", "tail", "none"]
+
+_READ_BLOCK = 1 << 20
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What recovery found in one segment."""
+
+    segment: str
+    #: Records kept (corrupt ones included).
+    records: int = 0
+    #: Records kept in place whose data is damaged (found now or flagged before).
+    corrupt_records: int = 0
+    #: Bytes of data cut away (a torn tail, garbage after the last record).
+    truncated_bytes: int = 0
+    #: Bytes whose checksums were verified.
+    verified_bytes: int = 0
+    seconds: float = 0.0
+    #: What was found and where, one line each.
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class RecoveredChunk:
+    """A chunk as recovery left it."""
+
+    start: int
+    first_event: int
+    next_event: int
+    size: int
+    records: int
+    newest_us: int
+    #: The entries, kept only for the last (active) chunk.
+    entries: list[IndexEntry] | None = None
+
+
+@dataclass(slots=True)
+class RecoveredSegment:
+    name: str
+    directory: Path
+    chunks: list[RecoveredChunk]
+    first_event: int
+    ledger: dict[uuid.UUID, int]
+    report: RecoveryReport
+
+
+@dataclass(slots=True)
+class _Scan:
+    """Pass 1's findings about one chunk."""
+
+    start: int
+    header: IndexHeader | None
+    data_size: int
+    index_size: int
+    #: Index slots that were unreadable or out of sequence.
+    dropped_slots: int = 0
+    kept: int = 0
+    #: Positions (among the kept entries) whose data is missing or fails its checksum.
+    bad: set[int] = field(default_factory=set)
+    #: Position of the last kept entry whose data is fine (or that was flagged before).
+    last_good: int = -1
+    flagged: int = 0
+    verified: bool = False
+
+
+class _Sequence:
+    """Which valid entries belong to the segment: each must lie inside its chunk and
+    follow the previous one (bytes and events only move forward)."""
+
+    def __init__(self) -> None:
+        self.end = -1
+        self.next_event = -1
+
+    def accepts(self, entry: IndexEntry, start: int, limit: int | None) -> bool:
+        if entry.offset < start or (limit is not None and entry.end > limit):
+            return False
+        if entry.offset < self.end or entry.first_event < self.next_event:
+            return False
+        self.end, self.next_event = entry.end, entry.next_event
+        return True
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return -1
+
+
+def _read_header(path: Path, start: int) -> IndexHeader | None:
+    try:
+        with open(path, "rb") as f:
+            header = IndexHeader.unpack(f.read(INDEX_HEADER.size))
+    except FileNotFoundError:
+        return None
+    except UnknownFormat as e:
+        raise UnknownFormat(f"{path}: {e}") from None
+    return header if header is not None and header.start == start else None
+
+
+def _slots(path: Path, header_ok: bool) -> Iterator[IndexEntry | None]:
+    """Every entry slot of an index file: the entry, or None if its checksum fails
+    (a partial entry at the end included)."""
+    if not header_ok:
+        return
+    with open(path, "rb") as f:
+        f.seek(INDEX_HEADER.size)
+        size = INDEX_ENTRY.size
+        while True:
+            block = f.read(_READ_BLOCK - _READ_BLOCK % size)
+            if not block:
+                return
+            for pos in range(0, len(block) - size + 1, size):
+                yield IndexEntry.unpack(block, pos)
+            if len(block) % size:
+                yield None
+                return
+
+
+def _data_crc(fd: int, entry: IndexEntry, start: int) -> int:
+    crc = 0
+    pos = entry.offset - start
+    remaining = entry.length
+    while remaining:
+        block = os.pread(fd, min(remaining, _READ_BLOCK), pos)
+        if not block:
+            break
+        crc = crc32(block, crc)
+        pos += len(block)
+        remaining -= len(block)
+    return crc
+
+
+def recover_segment(
+    directory: Path, *, verify: Verify = "tail", repair: bool = True
+) -> RecoveredSegment:
+    """Recover the segment in ``directory`` (see the module docstring)."""
+    began = time.monotonic()
+    name = decode_name(directory.name)
+    report = RecoveryReport(name)
+    meta = read_document(directory / META_FILE) or {}
+    if repair:
+        for leftover in directory.glob("*" + TMP_SUFFIX):
+            leftover.unlink()
+    starts = chunk_starts(directory)
+    if not starts:
+        starts = [0]
+    scans = _first_pass(directory, starts, verify, report)
+    chunks, ledger = _second_pass(directory, name, scans, meta, report, repair)
+    if repair:
+        fsync_directory(directory)
+    first_event = _meta_first_event(meta)
+    report.seconds = time.monotonic() - began
+    return RecoveredSegment(name, directory, chunks, first_event, ledger, report)
+
+
+def _first_pass(
+    directory: Path, starts: list[int], verify: Verify, report: RecoveryReport
+) -> list[_Scan]:
+    scans: list[_Scan] = []
+    sequence = _Sequence()
+    for i, start in enumerate(starts):
+        data_path, index_path = chunk_paths(directory, start)
+        limit = starts[i + 1] if i + 1 < len(starts) else None
+        scan = _Scan(
+            start, _read_header(index_path, start), _file_size(data_path), _file_size(index_path)
+        )
+        scan.verified = (
+            verify == "all"
+            or (verify == "tail" and i >= len(starts) - 2)
+            or (limit is not None and scan.data_size != limit - start)
+        )
+        fd = os.open(data_path, os.O_RDONLY) if scan.verified and scan.data_size > 0 else -1
+        try:
+            for entry in _slots(index_path, scan.header is not None):
+                if entry is None or not sequence.accepts(entry, start, limit):
+                    scan.dropped_slots += 1
+                    continue
+                position = scan.kept
+                scan.kept += 1
+                if entry.corrupt:
+                    scan.flagged += 1
+                    scan.last_good = position
+                    continue
+                missing = entry.end - start > scan.data_size
+                if not missing and fd >= 0:
+                    report.verified_bytes += entry.length
+                    if _data_crc(fd, entry, start) != entry.data_crc:
+                        missing = True
+                if missing:
+                    scan.bad.add(position)
+                else:
+                    scan.last_good = position
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        scans.append(scan)
+    return scans
+
+
+def _gap(offset: int, end: int, first_event: int, next_event: int, timestamp_us: int) -> IndexEntry:
+    """A corrupt entry standing for bytes and events no valid entry describes."""
+    return IndexEntry(
+        offset,
+        first_event,
+        end - offset,
+        max(0, next_event - first_event),
+        RecordFormat.RAW,
+        FLAG_CORRUPT,
+        ZERO_WRITER,
+        0,
+        timestamp_us,
+        0,
+    )
+
+
+def _second_pass(
+    directory: Path,
+    name: str,
+    scans: list[_Scan],
+    meta: dict[str, object],
+    report: RecoveryReport,
+    repair: bool,
+) -> tuple[list[RecoveredChunk], dict[uuid.UUID, int]]:
+    # The last good record: everything after it is the torn tail.
+    last = max((i for i, s in enumerate(scans) if s.last_good >= 0), default=-1)
+    keep = max(last, 0)
+    ledger: dict[uuid.UUID, int] = {}
+    writers = meta.get("writers")
+    if isinstance(writers, dict):
+        for key, number in writers.items():
+            try:
+                ledger[uuid.UUID(hex=str(key))] = int(number)
+            except (ValueError, TypeError):
+                continue
+    sequence = _Sequence()
+    chunks: list[RecoveredChunk] = []
+    expected_offset = scans[0].start
+    expected_event = -1
+    newest = 0
+    for i, scan in enumerate(scans):
+        data_path, index_path = chunk_paths(directory, scan.start)
+        limit = scans[i + 1].start if i + 1 < len(scans) else None
+        if i > keep:
+            removed = max(scan.data_size, 0)
+            report.truncated_bytes += removed
+            report.problems.append(
+                f"torn tail: chunk at byte {scan.start} dropped ({removed} bytes of data)"
+            )
+            if repair:
+                for path in (data_path, index_path):
+                    path.unlink(missing_ok=True)
+            continue
+        cut = scan.last_good if i == last else (scan.kept - 1 if i < last else -1)
+        if expected_event < 0:
+            expected_event = scan.header.first_event if scan.header is not None else -1
+        first_event = expected_event
+        entries: list[IndexEntry] = []
+        changed = scan.header is None or scan.dropped_slots > 0
+        position = -1
+        for entry in _slots(index_path, scan.header is not None):
+            if entry is None or not sequence.accepts(entry, scan.start, limit):
+                continue
+            position += 1
+            if position > cut:
+                changed = True
+                report.problems.append(
+                    f"torn tail: record at byte {entry.offset} (events {entry.first_event}.."
+                    f"{entry.next_event - 1}) dropped"
+                )
+                continue
+            if expected_event < 0:
+                expected_event = first_event = entry.first_event
+            if entry.offset > expected_offset or entry.first_event > expected_event:
+                entries.append(
+                    _gap(
+                        expected_offset,
+                        entry.offset,
+                        expected_event,
+                        entry.first_event,
+                        entry.timestamp_us,
+                    )
+                )
+                changed = True
+                _note_gap(report, name, entries[-1])
+            if position in scan.bad:
+                entry = replace(entry, flags=entry.flags | FLAG_CORRUPT)
+                changed = True
+                report.problems.append(
+                    f"corrupt record at byte {entry.offset} (events {entry.first_event}.."
+                    f"{entry.next_event - 1}): data checksum fails; kept in place"
+                )
+                if repair:
+                    log.error(
+                        "segment %r: the record at byte %d (events %d..%d) failed its "
+                        "checksum; kept in place, its events read as corrupt",
+                        name,
+                        entry.offset,
+                        entry.first_event,
+                        entry.next_event - 1,
+                    )
+            entries.append(entry)
+            expected_offset, expected_event = entry.end, entry.next_event
+        if expected_event < 0:
+            expected_event = first_event = _meta_first_event(meta)
+        if i < last and limit is not None:
+            # Bytes (and events) up to the next chunk that no entry describes.
+            following = scans[i + 1].header
+            next_first = following.first_event if following is not None else expected_event
+            if expected_offset < limit or next_first > expected_event:
+                entries.append(_gap(expected_offset, limit, expected_event, next_first, newest))
+                changed = True
+                _note_gap(report, name, entries[-1])
+            expected_offset, expected_event = limit, max(expected_event, next_first)
+        size = (entries[-1].end if entries else scan.start) - scan.start
+        if i < last and limit is not None:
+            size = limit - scan.start
+        _fix_data(data_path, scan, size, report, repair, tail=i == keep)
+        if entries:
+            newest = max(newest, max(e.timestamp_us for e in entries))
+        corrupt = sum(1 for e in entries if e.corrupt)
+        report.corrupt_records += corrupt
+        report.records += len(entries)
+        for entry in entries:
+            if entry.writer != ZERO_WRITER:
+                ledger[uuid.UUID(bytes=entry.writer)] = entry.last_event_number
+        if repair and (changed or scan.index_size != _index_size(len(entries))):
+            _rewrite_index(index_path, IndexHeader(scan.start, first_event), entries)
+        if repair and scan.verified:
+            # What a crashed process wrote may still be only in the page cache: it is
+            # durable before recovery reports it (writers are told their numbers).
+            for path in (data_path, index_path):
+                _fdatasync(path)
+        chunk = RecoveredChunk(
+            scan.start,
+            first_event,
+            entries[-1].next_event if entries else first_event,
+            size,
+            len(entries),
+            max((e.timestamp_us for e in entries), default=0),
+            entries if i == keep else None,
+        )
+        chunks.append(chunk)
+    if not chunks:
+        raise AssertionError("recovery keeps at least one chunk")
+    return chunks, ledger
+
+
+def _meta_first_event(meta: dict[str, object]) -> int:
+    value = meta.get("first_event", 0)
+    return value if isinstance(value, int) else 0
+
+
+def _note_gap(report: RecoveryReport, name: str, entry: IndexEntry) -> None:
+    report.problems.append(
+        f"no valid index entry for bytes {entry.offset}..{entry.end - 1} (events "
+        f"{entry.first_event}..{entry.next_event - 1}): kept as a corrupt record"
+    )
+    log.error(
+        "segment %r: no valid index entry describes bytes %d..%d; kept as a corrupt record",
+        name,
+        entry.offset,
+        entry.end - 1,
+    )
+
+
+def _index_size(entries: int) -> int:
+    return INDEX_HEADER.size + entries * INDEX_ENTRY.size
+
+
+def _fix_data(
+    path: Path, scan: _Scan, size: int, report: RecoveryReport, repair: bool, *, tail: bool
+) -> None:
+    """Cut the data file to ``size`` bytes (a torn tail, garbage) or extend it with
+    zeros (a hole its corrupt records cover)."""
+    found = max(scan.data_size, 0)
+    if found == size and scan.data_size >= 0:
+        return
+    if found > size:
+        report.truncated_bytes += found - size
+        what = "torn tail" if tail else "garbage after the last record of a chunk"
+        report.problems.append(f"{what}: {found - size} bytes cut at byte {scan.start + size}")
+    elif found < size:
+        report.problems.append(
+            f"data missing: bytes {scan.start + found}..{scan.start + size - 1} (read as corrupt)"
+        )
+    if repair:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _fdatasync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rewrite_index(path: Path, header: IndexHeader, entries: list[IndexEntry]) -> None:
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    with open(tmp, "wb") as f:
+        f.write(header.pack())
+        for entry in entries:
+            f.write(entry.pack())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,480 @@
+"""A segment: an append-only sequence of event-framed records on disk.
+
+Byte offsets address a segment (a segment-append ``ReadSegment`` reads from
+any of them) and so do event indexes (dense, from 0 since the segment was
+created: the durable destinations' positions). Writes happen at once in the
+trio thread, straight to the OS page cache; when they become *durable* is up
+to the store's committer and its fsync policy, and ``durable_end``,
+``when_durable`` and the writer ledger follow that. Reads are synchronous
+too (``pread`` of data the page cache most likely holds), bounded by their
+``max_bytes``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import logging
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import trio
+
+from .chunk import Chunk
+from .layout import ZERO_UUID, chunk_paths, crc32, pack_entry
+from .records import EVENT_HEADER, RecordFormat, event_offsets
+
+if TYPE_CHECKING:
+    from .store import Store
+
+__all__ = ["Appended", "Segment", "SegmentTruncated"]
+
+log = logging.getLogger("gateway.store")
+
+_HEADER = EVENT_HEADER.size
+_CORRUPT_EVENT = (RecordFormat.CORRUPT, b"")
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """Where one append landed."""
+
+    #: Byte offset of the first appended byte.
+    offset: int
+    #: Byte offset just after the last.
+    end: int
+    #: Event index of the first appended event.
+    first_event: int
+    #: Events appended.
+    count: int
+
+
+class SegmentTruncated(Exception):
+    """A read below the retained start of a segment: the data is gone (retention or
+    ``truncate_before``); ``start`` and ``first_event`` say where data begins now."""
+
+    def __init__(self, segment: str, start: int, first_event: int) -> None:
+        super().__init__(f"segment {segment!r} starts at byte {start} (event {first_event}) now")
+        self.start = start
+        self.first_event = first_event
+
+
+OnAppend = Callable[[Appended, RecordFormat], None]
+OnTruncate = Callable[[int], None]
+
+
+class Segment:
+    """One segment of a :class:`~gateway.store.store.Store` (get it from ``Store.segment``)."""
+
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        directory: Path,
+        chunks: list[Chunk],
+        first_event: int,
+        ledger: dict[uuid.UUID, int],
+        corrupt_records: int = 0,
+    ) -> None:
+        self.name = name
+        self.directory = directory
+        self._store = store
+        self._chunks = chunks
+        last = chunks[-1]
+        self.end = last.end
+        self.durable_end = self.end
+        self.next_event = last.next_event
+        self.first_event = min(max(first_event, chunks[0].first_event), self.next_event)
+        #: Retention bounds of this segment: the store's, unless its owner sets its own.
+        self.retain_bytes: int | None = store.retain_bytes
+        self.retain_age: float | None = store.retain_age
+        self._written_ledger = dict(ledger)
+        self._durable_ledger = dict(ledger)
+        #: (end, writer, last event number) of appends not yet durable, in order.
+        self._ledger_pending: deque[tuple[int, uuid.UUID, int]] = deque()
+        self._callbacks: list[tuple[int, int, Callable[[], None]]] = []
+        self._sequence = itertools.count()
+        self._observers: list[tuple[OnAppend, OnTruncate | None]] = []
+        self._lot = trio.lowlevel.ParkingLot()
+        self._closed = False
+        #: Records recovery found damaged, and those reads found since (by offset: each is
+        #: logged and counted once).
+        self._recovered_corrupt = corrupt_records
+        self._found_corrupt: set[int] = set()
+        #: Retention wants every chunk below this event deleted (the committer does it).
+        self.delete_below = self.first_event
+        self.meta_dirty = False
+        self._stats = {"appends": 0, "appended_bytes": 0, "appended_events": 0, "reads": 0}
+        #: Byte offset of the first retained byte (of event ``first_event``).
+        self.start = self.event_offset(self.first_event)
+
+    # -- appending ---------------------------------------------------------------
+
+    def append(
+        self,
+        data: bytes | bytearray | memoryview,
+        count: int,
+        *,
+        format: RecordFormat = RecordFormat.RAW,
+        writer: uuid.UUID | None = None,
+        last_event_number: int | None = None,
+    ) -> Appended:
+        """Write one record: ``data`` must be exactly ``count`` >= 1 event-framed events
+        (else ValueError and nothing is written). Written to the OS at once, durable
+        later; observers are called before it returns. ``writer`` and
+        ``last_event_number`` (both or neither) update that writer's ledger entry, which
+        becomes durable with the record. trio.ClosedResourceError once the store closed."""
+        if self._closed:
+            raise trio.ClosedResourceError(f"the store of segment {self.name!r} is closed")
+        if count < 1:
+            raise ValueError(f"an append holds at least one event, not {count}")
+        found = len(event_offsets(data))
+        if found != count:
+            raise ValueError(f"the data frames {found} events, not {count}")
+        if (writer is None) != (last_event_number is None):
+            raise ValueError("writer and last_event_number go together")
+        store = self._store
+        chunk = self._chunks[-1]
+        size = len(data)
+        if chunk.size and chunk.size + size > store.chunk_bytes:
+            chunk = self._roll()
+        offset = self.end
+        first = self.next_event
+        crc = crc32(data)
+        now = store.now_us()
+        writer_bytes = writer.bytes if writer is not None else ZERO_UUID.bytes
+        entry = pack_entry(
+            offset, first, size, count, format, 0, writer_bytes, last_event_number or 0, now, crc
+        )
+        chunk.append(data, entry, first, count, format, crc, now)
+        store.files.touch(chunk)
+        end = offset + size
+        self.end = end
+        self.next_event = first + count
+        stats = self._stats
+        stats["appends"] += 1
+        stats["appended_bytes"] += size
+        stats["appended_events"] += count
+        if writer is not None and last_event_number is not None:
+            self._written_ledger[writer] = last_event_number
+            self._ledger_pending.append((end, writer, last_event_number))
+        store.written(self, chunk)
+        appended = Appended(offset, end, first, count)
+        for on_append, _ in tuple(self._observers):
+            on_append(appended, format)
+        self._lot.unpark_all()
+        return appended
+
+    def _roll(self) -> Chunk:
+        """Start a new chunk at the end (the old one stays dirty until the committer
+        has synced it)."""
+        data_path, index_path = chunk_paths(self.directory, self.end)
+        chunk = Chunk(data_path, index_path, self.end, self.next_event)
+        chunk.create()
+        self._chunks.append(chunk)
+        self._store.created_files(self, chunk)
+        return chunk
+
+    # -- durability --------------------------------------------------------------
+
+    def when_durable(self, end: int, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (in the trio thread, from the committer task) once
+        ``durable_end >= end``; at once (synchronously) if it already is. Callbacks run
+        in order of ``end``."""
+        if end <= self.durable_end:
+            callback()
+            return
+        heapq.heappush(self._callbacks, (end, next(self._sequence), callback))
+        self._store.wants_commit(self)
+
+    async def durable(self, end: int) -> None:
+        """Wait until ``durable_end >= end``."""
+        if end <= self.durable_end:
+            return
+        event = trio.Event()
+        self.when_durable(end, event.set)
+        await event.wait()
+
+    @property
+    def has_callbacks(self) -> bool:
+        return bool(self._callbacks)
+
+    def advance_durable(self, end: int, *, callbacks: bool = True) -> None:
+        """Everything below ``end`` is durable now (the committer says so; under
+        ``never``, the append); run the callbacks that waited for it if ``callbacks``."""
+        if end > self.durable_end:
+            self.durable_end = end
+            pending = self._ledger_pending
+            while pending and pending[0][0] <= end:
+                _, writer, number = pending.popleft()
+                self._durable_ledger[writer] = number
+        waiting = self._callbacks
+        while callbacks and waiting and waiting[0][0] <= self.durable_end:
+            callback = heapq.heappop(waiting)[2]
+            try:
+                callback()
+            except Exception:
+                log.exception("a durability callback of segment %r failed", self.name)
+
+    def last_event_number(self, writer: uuid.UUID, *, durable: bool = True) -> int | None:
+        """The writer's last event number stored (``durable``: durable under the fsync
+        policy; else written, maybe not yet durable); None for a writer never seen."""
+        return (self._durable_ledger if durable else self._written_ledger).get(writer)
+
+    # -- reading -------------------------------------------------------------------
+
+    def _check_offset(self, offset: int) -> None:
+        if offset < self.start:
+            raise SegmentTruncated(self.name, self.start, self.first_event)
+        if offset > self.end:
+            raise ValueError(f"offset {offset} is beyond the end ({self.end}) of {self.name!r}")
+
+    def _chunk_at_offset(self, offset: int) -> Chunk:
+        i = bisect.bisect_right(self._chunks, offset, key=_chunk_start) - 1
+        chunk = self._chunks[max(i, 0)]
+        self._store.files.touch(chunk)
+        return chunk
+
+    def _chunk_at_event(self, event: int) -> Chunk:
+        i = bisect.bisect_right(self._chunks, event, key=_chunk_first_event) - 1
+        chunk = self._chunks[max(i, 0)]
+        self._store.files.touch(chunk)
+        return chunk
+
+    def read(self, offset: int, max_bytes: int) -> bytes:
+        """Raw stored bytes from ``offset`` (any offset, not only event boundaries), at
+        most ``max_bytes``; b"" at ``end``. SegmentTruncated below ``start``; ValueError
+        beyond ``end``."""
+        self._check_offset(offset)
+        self._stats["reads"] += 1
+        remaining = min(max_bytes, self.end - offset)
+        parts: list[bytes] = []
+        while remaining > 0:
+            chunk = self._chunk_at_offset(offset)
+            data = chunk.pread(min(remaining, chunk.end - offset), offset)
+            if not data:
+                break
+            parts.append(data)
+            offset += len(data)
+            remaining -= len(data)
+        return b"".join(parts)
+
+    def read_events(
+        self, first: int, max_count: int, max_bytes: int
+    ) -> list[tuple[RecordFormat, bytes]]:
+        """Payloads (without the 8-byte event header) of events ``first``, ``first+1``,
+        ...: at most ``max_count``, stopping before ``max_bytes`` of payload is passed
+        but always at least one event when ``first < next_event``; [] at ``next_event``.
+        SegmentTruncated below ``first_event``; ValueError beyond ``next_event``. Events
+        of a record that failed its checksum come back as ``(CORRUPT, b"")`` so indexes
+        stay dense."""
+        if first < self.first_event:
+            raise SegmentTruncated(self.name, self.start, self.first_event)
+        if first > self.next_event:
+            raise ValueError(
+                f"event {first} is beyond the next event ({self.next_event}) of {self.name!r}"
+            )
+        self._stats["reads"] += 1
+        out: list[tuple[RecordFormat, bytes]] = []
+        total = 0
+        event = first
+        while len(out) < max_count and event < self.next_event:
+            chunk = self._chunk_at_event(event)
+            r = chunk.record_of_event(event)
+            before = event
+            while r < chunk.records and len(out) < max_count:
+                _, _, record_first, count = chunk.record_bounds(r)
+                skip = event - record_first
+                if skip < 0:
+                    break
+                if skip < count:
+                    fmt, data, offsets = self._record(chunk, r)
+                    if fmt is RecordFormat.CORRUPT:
+                        n = min(count - skip, max_count - len(out))
+                        out.extend([_CORRUPT_EVENT] * n)
+                        event += n
+                    else:
+                        take = min(count, skip + max_count - len(out))
+                        for i in range(skip, take):
+                            pos = offsets[i]
+                            stop = offsets[i + 1] if i + 1 < count else len(data)
+                            size = stop - pos - _HEADER
+                            if out and total + size > max_bytes:
+                                return out
+                            total += size
+                            out.append((fmt, data[pos + _HEADER : stop]))
+                        event += take - skip
+                r += 1
+            if event == before:
+                # Recovery keeps event indexes dense; a hole here is a bug, not a loop.
+                raise RuntimeError(f"segment {self.name!r}: no record holds event {event}")
+        return out
+
+    def _record(self, chunk: Chunk, r: int) -> tuple[RecordFormat, bytes, list[int]]:
+        """Record ``r`` of ``chunk``: its format, data and event offsets, read and checked
+        once (a small cache in the store keeps them for sequential readers)."""
+        offset, length, _, count = chunk.record_bounds(r)
+        formats = chunk.columns()[2]
+        if formats[r] == RecordFormat.CORRUPT:
+            return RecordFormat.CORRUPT, b"", []
+        cache = self._store.record_cache
+        key = (self, offset)
+        cached = cache.get(key)
+        if cached is not None:
+            cache.move_to_end(key)
+            return cached
+        data = chunk.pread(length, offset)
+        found: list[int] | None = None
+        if len(data) == length and crc32(data) == chunk.columns()[3][r]:
+            try:
+                found = event_offsets(data)
+            except ValueError:
+                found = None
+        if found is None or len(found) != count:
+            formats[r] = RecordFormat.CORRUPT
+            self._note_corrupt(offset)
+            return RecordFormat.CORRUPT, b"", []
+        result = (RecordFormat(formats[r]), data, found)
+        self._store.cache_record(key, result, length)
+        return result
+
+    def _note_corrupt(self, offset: int) -> None:
+        if offset not in self._found_corrupt:
+            self._found_corrupt.add(offset)
+            log.error(
+                "segment %r: the record at byte %d failed its checksum; its events read as corrupt",
+                self.name,
+                offset,
+            )
+
+    def event_offset(self, index: int) -> int:
+        """The byte offset of event ``index`` (``first_event <= index <= next_event``;
+        ``next_event`` gives ``end``). Inside a corrupt record: the record's offset."""
+        if index == self.next_event:
+            return self.end
+        if not self._chunks[0].first_event <= index < self.next_event:
+            raise ValueError(
+                f"event {index} is not in [{self.first_event}, {self.next_event}] of {self.name!r}"
+            )
+        chunk = self._chunk_at_event(index)
+        r = chunk.record_of_event(index)
+        offset, _, record_first, _ = chunk.record_bounds(r)
+        if index == record_first:
+            return offset
+        fmt, _, offsets = self._record(chunk, r)
+        if fmt is RecordFormat.CORRUPT:
+            return offset
+        return offset + offsets[index - record_first]
+
+    async def wait_for(self, offset: int) -> None:
+        """Return once ``end > offset``; trio.ClosedResourceError if the store closes
+        first. Callers bound the wait with a cancel scope."""
+        while self.end <= offset:
+            if self._closed:
+                raise trio.ClosedResourceError(f"the store of segment {self.name!r} closed")
+            await self._lot.park()
+
+    # -- observers and retention -----------------------------------------------------
+
+    def observe(
+        self, on_append: OnAppend, on_truncate: OnTruncate | None = None
+    ) -> Callable[[], None]:
+        """Call ``on_append`` after every append (from any writer), ``on_truncate(new
+        first event)`` after retention dropped events; returns an unsubscribe function."""
+        pair = (on_append, on_truncate)
+        self._observers.append(pair)
+
+        def unsubscribe() -> None:
+            if pair in self._observers:
+                self._observers.remove(pair)
+
+        return unsubscribe
+
+    def truncate_before(self, event_index: int) -> None:
+        """The owner no longer needs events below ``event_index``: ``first_event`` moves
+        there (reads below it raise SegmentTruncated) and whole chunk files entirely below
+        it are deleted (by the committer, once they are durable). Idempotent."""
+        event_index = min(event_index, self.next_event)
+        if event_index <= self.first_event:
+            return
+        self.first_event = event_index
+        self.start = self.event_offset(event_index)
+        self.delete_below = max(self.delete_below, event_index)
+        self.meta_dirty = True
+        self._store.wants_commit(self)
+
+    def deletable_chunks(self) -> list[Chunk]:
+        """The oldest chunks retention or ``truncate_before`` want gone and that may go:
+        never the active chunk, only chunks entirely durable."""
+        out: list[Chunk] = []
+        for chunk in self._chunks[:-1]:
+            if chunk.next_event > self.delete_below or chunk.end > self.durable_end:
+                break
+            out.append(chunk)
+        return out
+
+    def drop_chunks(self, chunks: list[Chunk]) -> None:
+        """The committer deleted these oldest chunks' files: forget them, move the start
+        and tell the observers."""
+        if not chunks:
+            return
+        del self._chunks[: len(chunks)]
+        head = self._chunks[0]
+        moved = head.first_event > self.first_event
+        if moved:
+            self.first_event = head.first_event
+            self.start = head.start
+        if moved:
+            for _, on_truncate in tuple(self._observers):
+                if on_truncate is not None:
+                    on_truncate(self.first_event)
+
+    @property
+    def chunks(self) -> list[Chunk]:
+        """The retained chunks, oldest first (the last is the active one)."""
+        return self._chunks
+
+    def meta_document(self) -> dict[str, object]:
+        """The ledger snapshot and logical start, as the ``meta`` file keeps them."""
+        return {
+            "first_event": self.first_event,
+            "writers": {w.hex: n for w, n in self._durable_ledger.items()},
+        }
+
+    # -- life cycle ------------------------------------------------------------------
+
+    def close(self) -> None:
+        """The store closed: wake the waiters, refuse appends."""
+        self._closed = True
+        self._lot.unpark_all()
+
+    def stats(self) -> dict[str, int]:
+        """Counters and sizes: bytes, events, chunks, records, corrupt_records, appends,
+        appended_bytes, appended_events, reads, writers."""
+        return {
+            "bytes": sum(c.size for c in self._chunks),
+            "events": self.next_event - self.first_event,
+            "chunks": len(self._chunks),
+            "records": sum(c.records for c in self._chunks),
+            "corrupt_records": self._recovered_corrupt + len(self._found_corrupt),
+            "writers": len(self._written_ledger),
+            "start": self.start,
+            "end": self.end,
+            "durable_end": self.durable_end,
+            "first_event": self.first_event,
+            "next_event": self.next_event,
+            **self._stats,
+        }
+
+
+def _chunk_start(chunk: Chunk) -> int:
+    return chunk.start
+
+
+def _chunk_first_event(chunk: Chunk) -> int:
+    return chunk.first_event
