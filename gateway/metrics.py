@@ -39,7 +39,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from . import __version__
 from .destination import Destination
-from .memlog import MemoryLog
+from .logcore import LogDestination
 from .topic import Topic
 
 if TYPE_CHECKING:
@@ -458,7 +458,7 @@ class HubCollector:
             if isinstance(dest, Topic):
                 discarded.add_metric([name], dest.discarded)
                 rows = self._topic_groups(dest)
-            elif isinstance(dest, MemoryLog):
+            elif isinstance(dest, LogDestination):
                 rows = self._log_groups(dest)
             else:
                 continue
@@ -509,7 +509,7 @@ class HubCollector:
             rows.append((group, held, nbytes, ratio(held, nbytes), g["members"], held - queued))
         yield from self._bounded(rows)
 
-    def _log_groups(self, log: MemoryLog) -> Iterator[_Row]:
+    def _log_groups(self, log: LogDestination) -> Iterator[_Row]:
         stats: dict[str, Any] = log.stats()
         retained = stats["bytes"]
         yield "", stats["messages"], retained, retained / log.retain_bytes, None, 0
@@ -549,6 +549,6 @@ def _counts(dest: Destination) -> tuple[int, int, int] | None:
     """Messages a destination took, handed out and had acked (None: it does not say)."""
     if isinstance(dest, Topic):
         return dest.received, dest.delivered, dest.acked
-    if isinstance(dest, MemoryLog):
+    if isinstance(dest, LogDestination):
         return dest.tail, dest.delivered, dest.acked
     return None

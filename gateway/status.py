@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .destination import Destination
-from .memlog import MemoryLog
+from .logcore import LogDestination
 from .topic import Topic
 
 if TYPE_CHECKING:
@@ -151,7 +151,7 @@ def _counts(dest: Destination, stats: dict[str, Any]) -> dict[str, int]:
         value = stats.get(key, getattr(dest, key, None))
         if isinstance(value, int):
             out[key] = value
-    if "received" not in out and isinstance(dest, MemoryLog):
+    if "received" not in out and isinstance(dest, LogDestination):
         out["received"] = dest.tail
     return out
 
@@ -259,7 +259,7 @@ def _backlog(dest: Destination, stats: dict[str, Any]) -> tuple[int, int | None]
         orphaned = stats.get("backlog_bytes", getattr(dest, "backlog_bytes", 0))
         nbytes = sum(g["held_bytes"] for g in groups.values()) + orphaned
         return messages, nbytes
-    if isinstance(dest, MemoryLog):
+    if isinstance(dest, LogDestination):
         messages = max((dest.tail - g["committed"] for g in groups.values()), default=0)
         sizes = [g["backlog_bytes"] for g in groups.values() if "backlog_bytes" in g]
         return messages, max(sizes, default=0) if sizes or not groups else None
@@ -309,7 +309,7 @@ def _destination(name: str, dest: Destination, stats: dict[str, Any]) -> dict[st
                     **({"filter": g["filter"]} if "filter" in g else {}),
                 }
             )
-    elif isinstance(dest, MemoryLog):
+    elif isinstance(dest, LogDestination):
         out["kind"] = "log"
         out["log"] = {
             "first": dest.first,
