@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .destination import Destination
 from .memlog import MemoryLog
 from .routing import UPSTREAM_PREFIX, compile_glob
 from .topic import Topic, TopicLimits
+
+if TYPE_CHECKING:
+    from .store import Store
 
 __all__ = ["Catalog", "DestinationSpec"]
 
@@ -38,6 +41,14 @@ class DestinationSpec:
     #: Per-group bounds of a topic or queue (None: the gateway's defaults).
     buffer_bytes: int | None = None
     buffer_messages: int | None = None
+    #: Where a durable log is kept (``"embedded"``: the segment store); None: memory.
+    store: str | None = None
+    #: For a durable log: seconds its data is kept at most (None: no age limit).
+    retain_age: float | None = None
+    #: For a durable log: segments ``<name>/0`` … ``<name>/<partitions - 1>``.
+    partitions: int = 1
+    #: For a partitioned log: the header whose value picks the partition (None: round-robin).
+    partition_key: str | None = None
 
     @property
     def is_glob(self) -> bool:
@@ -51,6 +62,8 @@ class Catalog:
         self.specs = list(specs)
         self._defaults = defaults
         self._patterns = [(compile_glob(s.name), s) for s in self.specs]
+        #: Where durable destinations live; set by the runtime once the store is open.
+        self.store: Store | None = None
 
     def replace(self, specs: Iterable[DestinationSpec]) -> None:
         """New declarations (a reload): they apply to destinations created from now on."""
@@ -70,6 +83,8 @@ class Catalog:
         spec = self.spec(name)
         if spec is None:
             return None
+        if spec.store is not None:
+            return self._durable(name, spec)
         if spec.retain is not None:
             log = MemoryLog(
                 name,
@@ -89,6 +104,26 @@ class Catalog:
         return Topic(
             name, limits, kind=spec.kind, element_size=spec.element_size, groups=spec.groups
         )
+
+    def _durable(self, name: str, spec: DestinationSpec) -> Destination:
+        """A durable log in the store: one segment per partition, ``NAME/0`` … ."""
+        from .store.durable import DurableLog
+
+        if self.store is None:
+            raise LookupError(f"destination {name!r} is durable but no store is open")
+        assert spec.retain is not None  # the config fills in the store's default
+        log = DurableLog(
+            name,
+            self.store.segment(f"{name}/0"),
+            self.store,
+            retain_bytes=spec.retain,
+            kind=spec.kind,
+            overflow=spec.overflow,
+            element_size=spec.element_size,
+        )
+        for group in spec.groups:
+            log.declare_group(group)
+        return log
 
     def names(self) -> list[str]:
         """The entries that name one destination (no glob): created at start-up."""

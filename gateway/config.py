@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .catalog import DestinationSpec
 from .hub import HubLimits
@@ -58,6 +58,22 @@ class GatewaySettings:
     limits: HubLimits = field(default_factory=HubLimits)
 
 
+@dataclass(frozen=True, slots=True)
+class StoreSettings:
+    """The ``[store]`` table: the embedded segment store under ``<data_dir>/store``."""
+
+    #: ``always``, ``interval`` (group commit, the default) or ``never``.
+    fsync: Literal["always", "interval", "never"] = "interval"
+    #: Seconds between group commits under ``interval``.
+    fsync_interval: float = 0.005
+    #: Bytes per chunk file of a segment.
+    chunk_bytes: int = 64 * 1024 * 1024
+    #: Bytes a durable destination keeps by default (its ``retain`` overrides).
+    retain_bytes: int = 1024 * 1024 * 1024
+    #: Seconds data is kept at most (None: no age limit); a destination's ``retain_age`` overrides.
+    retain_age: float | None = None
+
+
 @dataclass(slots=True)
 class Config:
     gateway: GatewaySettings
@@ -80,6 +96,8 @@ class Config:
     admin_max_connections: int = 16
     #: Seconds an admin client has to send each request (``[admin] idle_timeout``).
     admin_idle_timeout: float = 10.0
+    #: The ``[store]`` table.
+    store: StoreSettings = field(default_factory=StoreSettings)
 
 
 class _Errors:
@@ -398,10 +416,11 @@ def parse(
             errors.add(t.key("to"), str(e))
             continue
         routes.append(route)
+    store = _store(root)
     indexed_destinations = [
         (i, spec)
         for i, item in enumerate(_array(root, "destinations", errors))
-        if (spec := _destination(_Table(errors, f"destinations[{i}]", item), limits))
+        if (spec := _destination(_Table(errors, f"destinations[{i}]", item), limits, store))
     ]
     _unique(errors, "destinations", [(i, d.name) for i, d in indexed_destinations], "name")
     destinations = [spec for _, spec in indexed_destinations]
@@ -419,8 +438,8 @@ def parse(
         + [("metrics.bind", metrics_bind), ("admin.bind", admin_bind)],
     )
     root.finish(
-        "top-level tables are gateway, metrics, admin, listeners, upstreams, routes and"
-        " destinations"
+        "top-level tables are gateway, store, metrics, admin, listeners, upstreams, routes"
+        " and destinations"
     )
 
     if errors.items:
@@ -437,6 +456,7 @@ def parse(
         admin_bind=admin_bind,
         admin_max_connections=admin_max_connections,
         admin_idle_timeout=admin_idle_timeout,
+        store=store,
     )
 
 
@@ -470,37 +490,68 @@ def _check_destination_name(value: str) -> None:
         raise ValueError(f"{value!r}: upstream destinations are queues and cannot be configured")
 
 
-def _destination(t: _Table, limits: HubLimits) -> DestinationSpec | None:
+#: Values of a destination's ``store`` key: where its log is kept.
+STORES = ("embedded",)
+
+
+def _store(root: _Table) -> StoreSettings:
+    """The ``[store]`` table."""
+    d = StoreSettings()
+    t = root.table("store")
+    if t is None or not t.ok:
+        return d
+    settings = StoreSettings(
+        fsync=t.get("fsync", "str", d.fsync, choices=("always", "interval", "never")),
+        fsync_interval=t.get("fsync_interval", "duration", d.fsync_interval, minimum=0.0001),
+        chunk_bytes=t.get("chunk_bytes", "size", d.chunk_bytes, minimum=64 * 1024),
+        retain_bytes=t.get("retain_bytes", "size", d.retain_bytes, minimum=1024),
+        retain_age=t.get("retain_age", "duration", d.retain_age, minimum=1.0),
+    )
+    t.finish("keys are fsync, fsync_interval, chunk_bytes, retain_bytes and retain_age")
+    return settings
+
+
+def _destination(t: _Table, limits: HubLimits, store: StoreSettings) -> DestinationSpec | None:
     """One ``[[destinations]]`` entry, checked for keys that do not fit its kind."""
     if not t.ok:
         return None
     name = t.get("name", "str", check=_check_destination_name)
     kind = t.get("kind", "str", "topic", choices=("topic", "queue"))
+    where = t.get("store", "str", None, choices=STORES)
     retain = t.get("retain", "size", None, minimum=1024)
+    retain_age = t.get("retain_age", "duration", None, minimum=1.0)
+    partitions = t.get("partitions", "int", None, minimum=1, maximum=1024)
+    partition_key = t.get("partition_key", "str", None)
     overflow = t.get("overflow", "str", None, choices=("block", "drop_oldest"))
     element_size = t.get("element_size", "int", None, minimum=1, maximum=16 * 1024 * 1024)
     groups = t.get("groups", "str_list", [], check=_check_groups)
     buffer_bytes = t.get("buffer_bytes", "size", None, minimum=1024)
     buffer_messages = t.get("buffer_messages", "int", None, minimum=1)
-    if "store" in t.data:
-        t.get("store", "str", None)
-        t.errors.add(
-            t.key("store"),
-            "is reserved for durable destinations, which arrive with the segment store; "
-            "use 'retain' for an in-memory log meanwhile",
-        )
     t.finish(
-        "keys are name, kind, retain, overflow, element_size, groups, "
-        "buffer_bytes, buffer_messages and store"
+        "keys are name, kind, store, retain, retain_age, partitions, partition_key, overflow, "
+        "element_size, groups, buffer_bytes and buffer_messages"
     )
-    if overflow is not None and retain is None:
-        t.errors.add(t.key("overflow"), "applies to logs only: set 'retain' too")
-    if retain is not None:
+    if where is None:
+        for key, value in (
+            ("retain_age", retain_age),
+            ("partitions", partitions),
+            ("partition_key", partition_key),
+        ):
+            if value is not None:
+                t.errors.add(t.key(key), "applies to durable destinations only: set 'store' too")
+    if partition_key is not None and partitions in (None, 1):
+        t.errors.add(t.key("partition_key"), "needs 'partitions' above 1")
+    is_log = retain is not None or where is not None
+    if overflow is not None and not is_log:
+        t.errors.add(t.key("overflow"), "applies to logs only: set 'retain' or 'store' too")
+    if is_log:
         for key, value in (("buffer_bytes", buffer_bytes), ("buffer_messages", buffer_messages)):
             if value is not None:
                 t.errors.add(t.key(key), "does not apply to a log, which 'retain' bounds")
     if kind == "queue" and groups:
         t.errors.add(t.key("groups"), "a queue has one group, which every subscriber joins")
+    if where is not None and retain is None:
+        retain = store.retain_bytes
     if element_size is not None:
         bound = retain if retain is not None else buffer_bytes or limits.buffer_bytes
         if element_size + MESSAGE_OVERHEAD > bound:
@@ -516,6 +567,10 @@ def _destination(t: _Table, limits: HubLimits) -> DestinationSpec | None:
         groups=tuple(groups),
         buffer_bytes=buffer_bytes,
         buffer_messages=buffer_messages,
+        store=where,
+        retain_age=retain_age if retain_age is not None else store.retain_age,
+        partitions=partitions or 1,
+        partition_key=partition_key,
     )
 
 
@@ -744,7 +799,7 @@ def load(path: str | Path, registry: Registry | None = None) -> Config:
 
 def default_config(registry: Registry | None = None, base_dir: Path | None = None) -> Config:
     """The embedded default: every registered server protocol on loopback, own port,
-    publishing into queues."""
+    publishing into durable queues kept under ``./data``."""
     registry = registry or default_registry()
     data = default_data(registry)
     return parse(data, source="<embedded default>", base_dir=base_dir, registry=registry)
@@ -763,13 +818,16 @@ def default_data(registry: Registry) -> dict[str, Any]:
         }
         item.update(plugin.default_listener())
         listeners.append(item)
-    # What the default listeners publish waits for a consumer (a queue), so a
-    # sender is acked only once somebody took each message.
+    # What the default listeners publish is kept on disk (a durable queue): a
+    # sender is acked once it is stored, and a consumer gets each message once
+    # it comes, across restarts.
     queues = sorted({item.get("destination", item["name"]) for item in listeners})
     return {
         "gateway": {"data_dir": "data"},
         "metrics": {"bind": f"127.0.0.1:{DEFAULT_METRICS_PORT}"},
         "admin": {"bind": f"127.0.0.1:{DEFAULT_ADMIN_PORT}"},
         "listeners": listeners,
-        "destinations": [{"name": name, "kind": "queue"} for name in queues],
+        "destinations": [
+            {"name": name, "kind": "queue", "store": "embedded"} for name in queues
+        ],
     }

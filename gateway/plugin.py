@@ -25,7 +25,7 @@ from abc import ABC
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import trio
 
@@ -36,6 +36,9 @@ from .metrics import Metrics
 from .model import PeerIdentity, Source
 from .options import Option
 from .routing import UPSTREAM_PREFIX
+
+if TYPE_CHECKING:
+    from .store import Store
 
 __all__ = [
     "Backoff",
@@ -82,6 +85,10 @@ class ProtocolPlugin(ABC):
     summary: ClassVar[str] = ""
     listener_options: ClassVar[Mapping[str, Option]] = {}
     upstream_options: ClassVar[Mapping[str, Option]] = {}
+    #: True if its listeners use the embedded segment store (``PluginEnv.store``),
+    #: which the gateway then opens (with such a listener) even without a durable
+    #: destination.
+    needs_store: ClassVar[bool] = False
 
     @classmethod
     def default_listener(cls) -> dict[str, Any]:
@@ -357,6 +364,9 @@ class PluginEnv:
     #: The gateway's data directory (``[gateway] data_dir``).
     data_dir: Path
     log: logging.Logger | logging.LoggerAdapter[Any]
+    #: The embedded segment store (``<data_dir>/store``), open while the gateway runs;
+    #: None unless the config has a durable destination or a plugin ``needs_store``.
+    store: Store | None = None
 
 
 class UpstreamContext:

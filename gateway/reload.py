@@ -89,6 +89,12 @@ def plan(old: Config, new: Config, protocols: set[str]) -> Plan:
                 new.gateway.limits,
             ),
             ("[gateway] data_dir", old.gateway.data_dir, new.gateway.data_dir),
+            ("[store]", old.store, new.store),
+            (
+                "whether any destination is durable (the store opens at start)",
+                any(d.store for d in old.destinations),
+                any(d.store for d in new.destinations),
+            ),
             ("[metrics]", _metrics(old), _metrics(new)),
             ("[admin]", _admin(old), _admin(new)),
         )

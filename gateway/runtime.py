@@ -18,6 +18,7 @@ as failed), and warnings rate-limited per listener and reason.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import socket
@@ -25,7 +26,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import trio
 from prometheus_client import Counter
@@ -63,6 +64,9 @@ from .routing import Router
 from .topic import TopicLimits
 from .transports.base import StreamLayer, Transport
 from .transports.tls import describe_handshake_failure, ssl_error_words
+
+if TYPE_CHECKING:
+    from .store import Store
 
 __all__ = ["Gateway"]
 
@@ -205,6 +209,8 @@ class Gateway:
         self.upstream_contexts: dict[str, UpstreamContext] = {}
         #: When :meth:`run` started (wall clock), for the uptime.
         self.started_at: float | None = None
+        #: The embedded segment store while running, if the config needs one.
+        self.store: Store | None = None
 
     # -- public ----------------------------------------------------------------
     @property
@@ -222,8 +228,37 @@ class Gateway:
     async def run(
         self, *, task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Set plugins up, bind, serve until :meth:`shutdown`, drain, tear down, return."""
+        """Open the store, set plugins up, bind, serve until :meth:`shutdown`, drain,
+        tear down, close the store, return."""
         self.started_at = time.time()
+        async with contextlib.AsyncExitStack() as stack:
+            if self.needs_store:
+                self.store = await stack.enter_async_context(self._open_store())
+                self.catalog.store = self.store
+            await self._run(task_status)
+
+    @property
+    def needs_store(self) -> bool:
+        """A durable destination is configured, or a listener's protocol stores segments."""
+        return any(s.store for s in self.config.destinations) or any(
+            self.plugins[ls.protocol].needs_store for ls in self.config.listeners
+        )
+
+    def _open_store(self) -> contextlib.AbstractAsyncContextManager[Store]:
+        from .store import Store
+
+        settings = self.config.store
+        directory = self.config.gateway.data_dir / "store"
+        log.info("store: %s (fsync %s)", directory, settings.fsync)
+        return Store.open(
+            directory,
+            fsync=settings.fsync,
+            fsync_interval=settings.fsync_interval,
+            chunk_bytes=settings.chunk_bytes,
+            retain_age=settings.retain_age,
+        )
+
+    async def _run(self, task_status: trio.TaskStatus[Gateway]) -> None:
         try:
             async with trio.open_nursery() as background:
                 await background.start(self.hub.run)
@@ -360,6 +395,7 @@ class Gateway:
                 upstreams=dict(self._upstreams.get(name, {})),
                 shutdown=self.draining,
                 data_dir=self.config.gateway.data_dir,
+                store=self.store,
                 log=PrefixLogger(logging.getLogger(f"gateway.plugin.{name}"), f"plugin {name}"),
             )
             try:

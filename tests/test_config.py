@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import pytest
 
-from gateway.config import Config, ConfigError, default_config, load
+from gateway.config import Config, ConfigError, StoreSettings, default_config, load
 from gateway.hub import HubLimits
 from gateway.plugin import Option, ProtocolPlugin, Role
 from gateway.registry import Registered, Registry, default_registry
@@ -878,7 +878,12 @@ def test_destinations_are_read_in_order_with_their_keys(tmp_path: Path, registry
         ('groups = ["bad name"]', "destinations[0].groups", "not a valid name"),
         ("element_size = 0", "destinations[0].element_size", "at least"),
         ('element_size = 4096\nbuffer_bytes = "4KiB"', "destinations[0].element_size", "fit"),
-        ('store = "segments"', "destinations[0].store", "reserved"),
+        ('store = "segments"', "destinations[0].store", "must be one of 'embedded'"),
+        ("partitions = 2", "destinations[0].partitions", "set 'store'"),
+        ('retain_age = "1h"', "destinations[0].retain_age", "set 'store'"),
+        ('store = "embedded"\npartitions = 0', "destinations[0].partitions", "at least"),
+        ('store = "embedded"\npartition_key = "k"', "destinations[0].partition_key", "above 1"),
+        ('store = "embedded"\nbuffer_bytes = "1MiB"', "destinations[0].buffer_bytes", "retain"),
         ("colour = 1", "destinations[0].colour", "unknown key"),
     ],
 )
@@ -886,6 +891,55 @@ def test_destination_errors_name_the_key(
     tmp_path: Path, registry: Registry, entry: str, key: str, fragment: str
 ) -> None:
     path = write(tmp_path, '[[destinations]]\nname = "d"\n' + entry + "\n")
+    assert_error(config_errors(path, registry), path, key, fragment)
+
+
+def test_durable_destinations_and_the_store_table(tmp_path: Path, registry: Registry) -> None:
+    path = write(
+        tmp_path,
+        """
+        [store]
+        fsync = "always"
+        fsync_interval = "20ms"
+        chunk_bytes = "1MiB"
+        retain_bytes = "2GiB"
+        retain_age = "7d"
+
+        [[destinations]]
+        name = "logs"
+        store = "embedded"
+        partitions = 4
+        partition_key = "host"
+
+        [[destinations]]
+        name = "audit"
+        store = "embedded"
+        retain = "1MiB"
+        retain_age = "1h"
+        """,
+    )
+    config = load(path, registry=registry)
+    assert config.store == StoreSettings("always", 0.02, 2**20, 2 * 2**30, 7 * 86400.0)
+    logs, audit = config.destinations
+    assert (logs.store, logs.partitions, logs.partition_key) == ("embedded", 4, "host")
+    # The store's defaults fill what an entry leaves out.
+    assert (logs.retain, logs.retain_age) == (2 * 2**30, 7 * 86400.0)
+    assert (audit.retain, audit.retain_age, audit.partitions) == (2**20, 3600.0, 1)
+    assert load(write(tmp_path, ""), registry=registry).store == StoreSettings()
+
+
+@pytest.mark.parametrize(
+    ("entry", "key", "fragment"),
+    [
+        ('fsync = "sometimes"', "store.fsync", "must be one of"),
+        ('chunk_bytes = "1KiB"', "store.chunk_bytes", "at least"),
+        ("colour = 1", "store.colour", "unknown key"),
+    ],
+)
+def test_store_errors_name_the_key(
+    tmp_path: Path, registry: Registry, entry: str, key: str, fragment: str
+) -> None:
+    path = write(tmp_path, "[store]\n" + entry + "\n")
     assert_error(config_errors(path, registry), path, key, fragment)
 
 

@@ -1,18 +1,22 @@
 """Log destinations, tested through the public Destination/Subscription interface only.
 
-Every test takes ``make_log``, a factory parametrized by implementation: today the
-in-memory :class:`~gateway.memlog.MemoryLog`; the durable segment store joins as a
-second parameter and must pass the same suite. Messages are published as the hub
-does (``put_many`` into a fresh receipt, then ``seal``). The last test drives a log
-with random operations (hypothesis) against a small reference model of each group's
-delivered, acked and pending offsets.
+Every test takes ``make_log``, a factory parametrized by implementation: the in-memory
+:class:`~gateway.memlog.MemoryLog` and the durable :class:`~gateway.store.durable.DurableLog`
+(each log in a segment store of its own, in the test's tmp dir; once with its cache of
+recent messages, once reading every message back from the segment), which must pass the
+same suite. Messages are published as the hub does (``put_many`` into a fresh receipt, then
+``seal``). The last test drives a log with random operations (hypothesis) against a small
+reference model of each group's delivered, acked and pending offsets.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,19 +38,65 @@ from gateway.filters import Filter
 from gateway.memlog import MemoryLog
 from gateway.model import MESSAGE_OVERHEAD, Message, Outcome, Position, Reply
 from gateway.receipts import Receipt
+from gateway.store import Store
+from gateway.store.durable import DurableLog
 
 # -- the implementations under test -------------------------------------------------
 
 
 #: ``(name, *, retain_bytes, kind="topic", overflow="block", element_size=None) -> Destination``
 MakeLog = Callable[..., Destination]
-IMPLEMENTATIONS: dict[str, MakeLog] = {"memory": MemoryLog}
+
+
+@contextlib.contextmanager
+def memory_logs(directory: Path) -> Iterator[MakeLog]:
+    yield MemoryLog
+
+
+@contextlib.contextmanager
+def durable_logs(directory: Path, cache_bytes: int | None = None) -> Iterator[MakeLog]:
+    """Each log in a store of its own under ``directory``, with ``fsync="never"``: a
+    record is durable once written, so legs settle inside ``put_many`` as a memory
+    log's do (the interval policy's wait is tested in tests/store/test_durable_log.py).
+
+    The stores are not opened with ``Store.open``: a log is made synchronously, in the
+    trio thread or (the random walk, a sync test that runs trio itself) a worker
+    thread, where nothing can be awaited and pytest-trio gives sync tests no async
+    fixture. Under ``never`` nothing here needs the store's committer."""
+    stores: list[Store] = []
+
+    def make(name: str, **options: Any) -> Destination:
+        store = Store(directory / f"store{len(stores)}", fsync="never")
+        store._recover()  # what Store.open does first: the directories, here empty
+        stores.append(store)
+        segment = store.segment(name)
+        assert segment is not None
+        return DurableLog(name, segment, store, cache_bytes=cache_bytes, **options)
+
+    try:
+        yield make
+    finally:
+        for store in stores:
+            for name in store.names():
+                segment = store.segment(name)
+                assert segment is not None
+                for chunk in segment.chunks:
+                    chunk.close()
+
+
+IMPLEMENTATIONS: dict[str, Callable[[Path], contextlib.AbstractContextManager[MakeLog]]] = {
+    "memory": memory_logs,
+    "durable": durable_logs,
+    # Nothing cached: every delivery is read back from the segment.
+    "durable-from-disk": functools.partial(durable_logs, cache_bytes=1),
+}
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS))
-def make_log(request: pytest.FixtureRequest) -> MakeLog:
+def make_log(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeLog]:
     """A factory of log destinations of one implementation."""
-    return IMPLEMENTATIONS[request.param]
+    with IMPLEMENTATIONS[request.param](tmp_path) as make:
+        yield make
 
 
 # -- helpers ------------------------------------------------------------------------
