@@ -80,9 +80,9 @@ from .frames import HEADER, decode, encode, type_name
 __all__ = [
     "ClientConnection",
     "ClientEvent",
+    "EventReassembler",
     "Limits",
     "SegmentProtocolError",
-    "SegmentReader",
     "ServerConnection",
     "ServerEvent",
     "State",
@@ -534,7 +534,7 @@ class ClientConnection(_Connection):
     writer may append events numbered above its ``last_event_number``;
     resend those), :class:`~.commands.DataAppended` (checked: it acks the
     writer's events up to ``event_number``), :class:`~.commands.SegmentRead`
-    (:class:`SegmentReader` turns its data into events), and the error
+    (:class:`EventReassembler` turns its data into events), and the error
     replies.
 
     ``block_size`` is the default size of batched blocks (0: every append is
@@ -672,7 +672,7 @@ class ClientConnection(_Connection):
         return self._blocks.close()
 
 
-class SegmentReader:
+class EventReassembler:
     """Event payloads, with their offsets, out of the data of ``SegmentRead`` replies.
 
     A segment holds event frames ``[0][len][payload]``; a server cuts its

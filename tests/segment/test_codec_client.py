@@ -1,5 +1,5 @@
 """The appender/reader side of the codec: the block writer byte for byte, replies
-checked against what was sent, and SegmentReader over replies cut anywhere."""
+checked against what was sent, and EventReassembler over replies cut anywhere."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from protocols.segment import (
     ConnectionClosed,
     DataAppended,
     ErrorMessage,
+    EventReassembler,
     Hello,
     InvalidEventNumber,
     KeepAlive,
@@ -35,7 +36,6 @@ from protocols.segment import (
     SegmentIsSealed,
     SegmentProtocolError,
     SegmentRead,
-    SegmentReader,
     SetupAppend,
     State,
     WrongHost,
@@ -392,7 +392,7 @@ def test_a_largest_event_goes_through() -> None:
     assert len(wire) == 8 + 16 + 8 + MAX_EVENT_PAYLOAD + 52
 
 
-# -- SegmentReader ----------------------------------------------------------------------
+# -- EventReassembler ----------------------------------------------------------------------
 
 
 def read(offset: int, data: bytes, *, end: bool = False, tail: bool = False) -> SegmentRead:
@@ -403,7 +403,7 @@ def test_segment_reader_over_the_vector_cut_anywhere() -> None:
     data = COMMANDS["segment_read"].data  # type: ignore[attr-defined]
     for i in range(len(data) + 1):
         for j in range(i, len(data) + 1):
-            reader = SegmentReader()
+            reader = EventReassembler()
             events = reader.feed(read(0, data[:i]))
             events += reader.feed(read(i, data[i:j]))
             assert reader.offset == j
@@ -416,7 +416,7 @@ def test_segment_reader_over_the_vector_cut_anywhere() -> None:
 
 
 def test_segment_reader_from_an_offset() -> None:
-    reader = SegmentReader(1000)
+    reader = EventReassembler(1000)
     assert reader.feed(read(1000, EV1[:10])) == []
     assert reader.held_bytes == 10
     assert reader.position == 1000
@@ -437,7 +437,7 @@ def test_segment_reader_from_an_offset() -> None:
     ],
 )
 def test_segment_reader_refuses(reads: list[SegmentRead], match: str) -> None:
-    reader = SegmentReader(max_payload=10)
+    reader = EventReassembler(max_payload=10)
     for r in reads[:-1]:
         reader.feed(r)
     with pytest.raises(RemoteProtocolError, match=match):
@@ -459,7 +459,7 @@ def test_segment_reader_returns_every_event_however_replies_are_cut(
         offsets.append(at)
         at += 8 + len(p)
     bounds = sorted({0, len(data), *(c for c in cuts if c <= len(data))})
-    reader = SegmentReader()
+    reader = EventReassembler()
     events = []
     for a, b in itertools.pairwise(bounds):
         events += reader.feed(read(a, data[a:b], end=b == len(data)))
