@@ -43,6 +43,7 @@ from gateway.registry import default_registry
 from gateway.runtime import Gateway
 from gateway.status import snapshot
 from protocols.lumberjack.client import LumberjackClient
+from protocols.segment.client import Appender, run_appender
 
 #: Seconds within which every message of a config must be acked.
 DEADLINE = 30
@@ -66,8 +67,31 @@ async def send_ndjson(stream: trio.abc.Stream, destination: str, bodies: list[by
         assert [a.status for a in answers] == ["delivered"] * len(bodies), answers
 
 
+async def send_segment(stream: trio.abc.Stream, destination: str, bodies: list[bytes]) -> None:
+    """Append ``bodies`` to ``destination``'s first segment; return once all are acked."""
+    acked: list[int] = []
+    done = trio.Event()
+
+    def on_acked(_s: str, _w: object, tokens: list[tuple[int, int]], _offset: int) -> None:
+        acked.extend(token for token, _number in tokens)
+        if len(acked) == len(bodies):
+            done.set()
+
+    appender = Appender(on_acked)
+    appender.add(f"{destination}/0", bodies, list(range(len(bodies))))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run_appender, stream, appender)
+        await done.wait()
+        nursery.cancel_scope.cancel()
+    assert sorted(acked) == list(range(len(bodies)))
+
+
 #: A real client for each protocol a documented listener speaks.
-SENDERS: dict[str, Sender] = {"lumberjack": send_lumberjack, "ndjson": send_ndjson}
+SENDERS: dict[str, Sender] = {
+    "lumberjack": send_lumberjack,
+    "ndjson": send_ndjson,
+    "segment": send_segment,
+}
 
 
 def documented() -> list[tuple[str, dict[str, Any]]]:

@@ -1,0 +1,977 @@
+"""Segment-append clients over trio: a writer whose appends are exactly-once, and a reader.
+
+:class:`SegmentWriter` appends events to one or more segments over one
+connection, each segment with a writer id of its own. ``await
+writer.append(segment, payload)`` returns once the server acknowledged the
+event, which a gateway does only once it is durable. Events are numbered from
+1 (or from the last number the server stored for a writer id it knows), sent
+in append blocks (a block still open 20 ms after it started is closed), and a
+bounded number may be in flight. When the connection fails the writer
+reconnects with a backoff, sets each writer up again, and resends exactly the
+events the server did not store durably, with their original numbers: the
+``AppendSetup`` answer says how far each writer got, and the server refuses
+numbers it has stored, so nothing is lost or duplicated.
+
+:class:`SegmentReader` reads a segment from an offset as ``(offset, payload)``
+pairs, following the tail if asked, whatever the server's replies look like
+(several per request, cut inside an event).
+
+:class:`Appender` and :func:`run_appender` are what both the writer and the
+gateway's segment upstream are made of: the writers' state that outlives a
+connection (numbers, unacked events), and one connection's session.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID, uuid4
+
+import trio
+
+from gateway.errors import ProtocolError, RemoteProtocolError, first_leaf
+from gateway.plugin import Backoff, describe_error
+from gateway.protocol import NEED_DATA, ConnectionClosed, Session
+from gateway.transports.base import address_host
+from gateway.transports.tcp import TcpTransport
+from gateway.transports.unix import UnixTransport
+
+from .codec import ClientConnection
+from .codec import EventReassembler as Reassembler
+from .commands import (
+    MAX_EVENT_PAYLOAD,
+    AppendSetup,
+    AuthTokenCheckFailed,
+    Command,
+    DataAppended,
+    ErrorMessage,
+    Hello,
+    InvalidEventNumber,
+    KeepAlive,
+    NoSuchSegment,
+    OperationUnsupported,
+    ReadSegment,
+    SegmentAlreadyExists,
+    SegmentIsSealed,
+    SegmentIsTruncated,
+    SegmentRead,
+    SetupAppend,
+    WrongHost,
+)
+
+__all__ = [
+    "Acked",
+    "Appender",
+    "NoSuchSegmentError",
+    "PendingAppend",
+    "SegmentError",
+    "SegmentReader",
+    "SegmentSealedError",
+    "SegmentTruncatedError",
+    "SegmentWriter",
+    "WriterSettings",
+    "open_stream",
+    "run_appender",
+]
+
+log = logging.getLogger(__name__)
+
+RECEIVE_SIZE = 65536
+#: Events and bytes one lane sends before the send loop turns to the next.
+_BATCH_EVENTS = 1000
+_BATCH_BYTES = 2**20
+_REFUSALS = (
+    NoSuchSegment,
+    SegmentIsSealed,
+    SegmentAlreadyExists,
+    AuthTokenCheckFailed,
+    OperationUnsupported,
+    ErrorMessage,
+)
+#: Answers after which the server closes; a new connection sets every writer up again.
+_CLOSING = (InvalidEventNumber, WrongHost, *_REFUSALS)
+
+
+# -- errors and results ---------------------------------------------------------------------
+
+
+class SegmentError(ProtocolError):
+    """The server refused a request about :attr:`segment` (the connection is fine)."""
+
+    def __init__(self, segment: str, message: str) -> None:
+        super().__init__(message)
+        self.segment = segment
+
+
+class NoSuchSegmentError(SegmentError):
+    """The segment does not exist (and the server does not create it)."""
+
+
+class SegmentSealedError(SegmentError):
+    """The segment takes no more appends."""
+
+
+class SegmentTruncatedError(SegmentError):
+    """The offset read is below the segment's retained start, :attr:`start_offset`."""
+
+    def __init__(self, segment: str, message: str, start_offset: int) -> None:
+        super().__init__(segment, message)
+        self.start_offset = start_offset
+
+
+def refusal(command: Command) -> SegmentError:
+    """The typed error of a server's error reply."""
+    segment = getattr(command, "segment", "")
+    if isinstance(command, NoSuchSegment):
+        return NoSuchSegmentError(segment, f"no segment {segment!r}")
+    if isinstance(command, SegmentIsSealed):
+        return SegmentSealedError(segment, f"segment {segment!r} is sealed")
+    if isinstance(command, SegmentIsTruncated):
+        return SegmentTruncatedError(
+            segment,
+            f"segment {segment!r} starts at offset {command.start_offset}, after {command.offset}",
+            command.start_offset,
+        )
+    if isinstance(command, ErrorMessage):
+        return SegmentError(segment, f"segment {segment!r}: {command.message}")
+    return SegmentError(segment, f"the server refused: {command!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Acked:
+    """An event the server acknowledged (stored durably, for a gateway)."""
+
+    segment: str
+    writer_id: UUID
+    event_number: int
+    #: The segment's length after the append that covered the event (-1: not said,
+    #: as when a reconnect's ``AppendSetup`` covered it).
+    segment_write_offset: int
+
+
+class PendingAppend:
+    """An event (or the last of a batch) on its way; :meth:`wait` until it is acked."""
+
+    __slots__ = ("_done", "_error", "_result")
+
+    def __init__(self) -> None:
+        self._done = trio.Event()
+        self._result: Acked | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    async def wait(self) -> Acked:
+        """The ack; raises what failed the event (a :class:`SegmentError`, or
+        ``trio.ClosedResourceError`` when the writer closed first)."""
+        await self._done.wait()
+        return self.result()
+
+    def result(self) -> Acked:
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            raise RuntimeError("the append is not acknowledged yet")
+        return self._result
+
+    def _resolve(self, acked: Acked) -> None:
+        if not self._done.is_set():
+            self._result = acked
+            self._done.set()
+
+    def _fail(self, error: BaseException) -> None:
+        if not self._done.is_set():
+            self._error = error
+            self._done.set()
+
+
+# -- state that outlives a connection ---------------------------------------------------------
+
+#: ``(segment, [(token, event number), ...], segment write offset)``: events the server
+#: acknowledged (only those added with a token are listed).
+OnAcked = Callable[[str, UUID, list[tuple[Any, int]], int], None]
+#: ``(segment, tokens, error)``: the server refused the segment; its events are dropped.
+OnRefused = Callable[[str, list[Any], SegmentError], None]
+
+
+class _Event:
+    __slots__ = ("number", "payload", "token")
+
+    def __init__(self, payload: bytes, token: Any) -> None:
+        self.payload = payload
+        self.token = token
+        #: 0 until first sent; kept for every resend.
+        self.number = 0
+
+
+class Lane:
+    """One segment's writer: its events not acked yet, oldest first."""
+
+    __slots__ = ("events", "name", "next_number", "sent", "sent_bytes", "writer_id")
+
+    def __init__(self, name: str, writer_id: UUID) -> None:
+        self.name = name
+        self.writer_id = writer_id
+        self.events: deque[_Event] = deque()
+        #: Events at the front sent on the current connection (and not acked), and
+        #: their payload bytes.
+        self.sent = 0
+        self.sent_bytes = 0
+        self.next_number = 1
+
+
+class Appender:
+    """Writers' state across connections: event numbers, unacked events, the window.
+
+    ``add`` queues events (with an optional *token* each, handed back to
+    ``on_acked`` once acknowledged); a session sends them and feeds back what
+    the server answers. ``on_refused`` gets the tokens of a segment the server
+    refused (None: the refusal is raised, ending the connection).
+    """
+
+    def __init__(
+        self,
+        on_acked: OnAcked,
+        on_refused: OnRefused | None = None,
+        *,
+        writer_id: Callable[[str], UUID] | None = None,
+        max_events: int = 1000,
+        max_bytes: int = 16 * 2**20,
+    ) -> None:
+        if max_events < 1 or max_bytes < 1:
+            raise ValueError("the window must hold at least one event and one byte")
+        self.on_acked = on_acked
+        self.on_refused = on_refused
+        self.writer_id = writer_id or (lambda _segment: uuid4())
+        self.max_events = max_events
+        self.max_bytes = max_bytes
+        self.lanes: dict[str, Lane] = {}
+        #: Events (and their payload bytes) added and not acked.
+        self.events = 0
+        self.bytes = 0
+        #: Events sent on the current connection and not acked.
+        self.in_flight = 0
+        #: Events sent again on a new connection, in all.
+        self.resent = 0
+        #: Called with the number of events each send repeats (for metrics).
+        self.on_resend: Callable[[int], None] | None = None
+        #: Woken when events are added (the send loop waits here).
+        self.changed = trio.lowlevel.ParkingLot()
+        self._room = trio.lowlevel.ParkingLot()
+
+    # -- the producer's side ----------------------------------------------------------------
+    def lane(self, segment: str) -> Lane:
+        lane = self.lanes.get(segment)
+        if lane is None:
+            lane = self.lanes[segment] = Lane(segment, self.writer_id(segment))
+        return lane
+
+    def has_room(self, events: int = 1, nbytes: int = 0) -> bool:
+        """Whether ``events`` more fit in the window (one always fits an empty window)."""
+        return not self.events or (
+            self.events + events <= self.max_events and self.bytes + nbytes <= self.max_bytes
+        )
+
+    async def wait_for_room(self, events: int = 1, nbytes: int = 0) -> None:
+        while not self.has_room(events, nbytes):
+            await self._room.park()
+
+    async def wait_empty(self) -> None:
+        """Until every event added is acked or refused."""
+        while self.events:
+            await self._room.park()
+
+    def add(self, segment: str, payloads: Sequence[bytes], tokens: Sequence[Any] = ()) -> None:
+        """Queue ``payloads`` for ``segment`` (``tokens`` in step, or none), without waiting."""
+        for payload in payloads:
+            if len(payload) > MAX_EVENT_PAYLOAD:
+                raise ValueError(f"an event of {len(payload)} bytes exceeds {MAX_EVENT_PAYLOAD}")
+        lane = self.lane(segment)
+        append = lane.events.append
+        for payload, token in itertools.zip_longest(payloads, tokens[: len(payloads)]):
+            append(_Event(payload, token))
+            self.bytes += len(payload)
+        self.events += len(payloads)
+        if self.changed:
+            self.changed.unpark_all()
+
+    def fail_all(self, error: BaseException) -> list[Any]:
+        """Drop every event; the tokens of those not acked."""
+        tokens = [e.token for lane in self.lanes.values() for e in lane.events if e.token]
+        self.lanes.clear()
+        self.events = self.bytes = self.in_flight = 0
+        self._room.unpark_all()
+        return tokens
+
+    # -- the session's side -----------------------------------------------------------------
+    def take(self, lane: Lane, max_events: int, max_bytes: int) -> list[_Event]:
+        """Events to send next (numbered now if new), at most ``max_events``/``max_bytes``."""
+        out: list[_Event] = []
+        size = resent = 0
+        for event in itertools.islice(lane.events, lane.sent, lane.sent + max_events):
+            if out and size + len(event.payload) > max_bytes:
+                break
+            if event.number:
+                resent += 1
+            else:
+                event.number = lane.next_number
+                lane.next_number += 1
+            size += len(event.payload)
+            out.append(event)
+        lane.sent += len(out)
+        lane.sent_bytes += size
+        self.in_flight += len(out)
+        if resent:
+            self.resent += resent
+            if self.on_resend is not None:
+                self.on_resend(resent)
+        return out
+
+    def set_up(self, lane: Lane, last_event_number: int) -> None:
+        """The server stored the lane's events up to ``last_event_number`` (durably):
+        they are acked; the rest are sent again, with their numbers."""
+        last = max(last_event_number, 0)  # Long.MIN_VALUE (or a draft peer's 0): none
+        self.in_flight -= lane.sent
+        lane.sent = lane.sent_bytes = 0
+        self._pop(lane, last, -1)
+        lane.next_number = max(lane.next_number, last + 1)
+
+    def acknowledge(self, lane: Lane, event_number: int, offset: int) -> None:
+        """``DataAppended``: every event of the lane up to ``event_number`` is stored."""
+        self.in_flight -= self._pop(lane, event_number, offset)
+
+    def _pop(self, lane: Lane, last: int, offset: int) -> int:
+        events = lane.events
+        acked: list[tuple[Any, int]] = []
+        count = size = 0
+        while events and 0 < events[0].number <= last:
+            event = events.popleft()
+            count += 1
+            size += len(event.payload)
+            if event.token is not None:
+                acked.append((event.token, event.number))
+        if not count:
+            return 0
+        if lane.sent:
+            lane.sent -= count
+            lane.sent_bytes -= size
+        self.events -= count
+        self.bytes -= size
+        if self._room:
+            self._room.unpark_all()
+        if acked:
+            self.on_acked(lane.name, lane.writer_id, acked, offset)
+        return count
+
+    def refuse(self, lane: Lane, error: SegmentError) -> None:
+        """The server refused the lane's segment: drop its events (or raise ``error``)."""
+        if self.on_refused is None:
+            raise error
+        if self.lanes.get(lane.name) is lane:
+            del self.lanes[lane.name]
+        self.events -= len(lane.events)
+        self.bytes -= sum(len(e.payload) for e in lane.events)
+        self.in_flight -= lane.sent
+        tokens = [e.token for e in lane.events if e.token is not None]
+        lane.events.clear()
+        lane.sent = lane.sent_bytes = 0
+        self._room.unpark_all()
+        self.on_refused(lane.name, tokens, error)
+
+    def disconnected(self) -> None:
+        """The connection ended: nothing is in flight any more (all is resent)."""
+        for lane in self.lanes.values():
+            lane.sent = lane.sent_bytes = 0
+        self.in_flight = 0
+
+
+# -- one connection ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WriterSettings:
+    """How a writer connection behaves; the defaults are Pravega's client's."""
+
+    #: The largest batched append block (0: none, every batch is one unbatched block);
+    #: a block is as large as the bytes in flight, up to this.
+    block_size: int = 256 * 1024
+    #: A batched block still open this long after it started is closed (padded).
+    block_timeout: float = 0.02
+    #: Seconds the server may take to answer (an ack, a setup, a keepalive) before
+    #: the connection counts as lost.
+    timeout: float = 30.0
+    #: A ``KeepAlive`` goes out when nothing was received for this long ...
+    keepalive_initial: float = 20.0
+    #: ... and then every this long while that stays so.
+    keepalive_interval: float = 10.0
+
+
+class AppendSession(Session):
+    """One connection of an :class:`Appender`: setups, blocks out, acks in."""
+
+    codec: ClientConnection
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        appender: Appender,
+        settings: WriterSettings,
+        *,
+        logger: logging.Logger | logging.LoggerAdapter[Any],
+    ) -> None:
+        super().__init__(
+            stream,
+            ClientConnection(block_size=settings.block_size),
+            log=logger,
+            write_timeout=settings.timeout,
+        )
+        self.appender = appender
+        self.settings = settings
+        self._ids = itertools.count(1)
+        #: Lanes set up on this connection, by writer id.
+        self._ready: dict[UUID, Lane] = {}
+        #: Setups sent and not answered: request id → lane.
+        self._setups: dict[int, Lane] = {}
+        self._setting_up: set[str] = set()
+        self._heard_at = trio.current_time()
+        self._keepalive_owed = False
+        #: When the open batched block must be closed (None: none is open).
+        self._block_deadline: float | None = None
+
+    def started(self) -> None:
+        self.write(self.codec.send(Hello()))
+        self.nursery.start_soon(self._send_loop)
+        self.nursery.start_soon(self._keepalive_loop)
+
+    def end_of_input(self) -> None:
+        raise trio.BrokenResourceError("the server closed the connection")
+
+    def received(self) -> None:
+        self._heard_at = trio.current_time()
+        self._keepalive_owed = False
+        self._arm()
+
+    async def handle(self, event: object) -> None:
+        if isinstance(event, DataAppended):
+            lane = self._ready[event.writer_id]
+            self.appender.acknowledge(lane, event.event_number, event.current_segment_write_offset)
+        elif isinstance(event, AppendSetup):
+            # The codec checked that it answers our setup of this writer (request ids
+            # are the server's to echo, and old servers may not).
+            rid = next((r for r, x in self._setups.items() if x.writer_id == event.writer_id), 0)
+            if rid not in self._setups:
+                raise RemoteProtocolError(f"{event!r} answers no setup of ours")
+            lane = self._setups.pop(rid)
+            self._setting_up.discard(lane.name)
+            self.appender.set_up(lane, event.last_event_number)
+            if self.appender.lanes.get(lane.name) is lane:
+                self._ready[lane.writer_id] = lane
+                self.appender.changed.unpark_all()
+        elif isinstance(event, Hello):
+            if not event.compatible:
+                self.log.warning(
+                    "the server speaks versions %d..%d, we %d..%d",
+                    event.low_version,
+                    event.high_version,
+                    Hello().low_version,
+                    Hello().high_version,
+                )
+        elif isinstance(event, KeepAlive):
+            pass
+        elif isinstance(event, _REFUSALS) and event.request_id in self._setups:
+            lane = self._setups.pop(event.request_id)
+            self._setting_up.discard(lane.name)
+            self.appender.refuse(lane, refusal(event))
+        elif isinstance(event, _CLOSING):
+            raise RemoteProtocolError(f"the server answered {event!r}")
+        else:
+            raise RemoteProtocolError(f"unexpected {type(event).__name__} on a writer connection")
+
+    # -- sending ---------------------------------------------------------------------------
+    def _owed(self) -> bool:
+        return bool(self.appender.in_flight or self._setups or self._keepalive_owed)
+
+    def _owe(self) -> None:
+        """Something is about to be sent that the server must answer."""
+        if not self._owed():
+            self._heard_at = trio.current_time()
+
+    def _arm(self) -> None:
+        if self._owed():
+            self.set_deadline(
+                self._heard_at + self.settings.timeout,
+                f"no answer from the server for {self.settings.timeout:g}s",
+            )
+        else:
+            self.clear_deadline()
+
+    def _set_up_new_lanes(self) -> None:
+        for lane in list(self.appender.lanes.values()):
+            if lane.writer_id in self._ready or lane.name in self._setting_up:
+                continue
+            if not lane.events:
+                continue
+            self._owe()
+            rid = next(self._ids)
+            self._setups[rid] = lane
+            self._setting_up.add(lane.name)
+            self.write(self.codec.send(SetupAppend(rid, lane.writer_id, lane.name, "")))
+            self._arm()
+
+    async def _send_loop(self) -> None:
+        codec = self.codec
+        appender = self.appender
+        settings = self.settings
+        while True:
+            self._set_up_new_lanes()
+            sent = False
+            for lane in list(self._ready.values()):
+                if lane.sent >= len(lane.events):
+                    continue
+                await self.write_when_room(b"")  # bytes are made only once they can go out
+                if appender.lanes.get(lane.name) is not lane:
+                    continue  # refused meanwhile
+                # Batch into blocks about as large as what is in flight (Pravega's
+                # tracker does the same): what arrives before the next ack shares a
+                # block, an event with nothing in flight goes out at once, and a block
+                # closed early wastes little padding.
+                block_size = min(settings.block_size, lane.sent_bytes)
+                events = appender.take(lane, _BATCH_EVENTS, _BATCH_BYTES)
+                if not events:
+                    continue
+                self._owe()
+                self.write(
+                    codec.append(
+                        lane.writer_id,
+                        [e.payload for e in events],
+                        events[-1].number,
+                        block_size=block_size,
+                    )
+                )
+                self._arm()
+                sent = True
+                if codec.block_open:
+                    if self._block_deadline is None:
+                        self._block_deadline = trio.current_time() + settings.block_timeout
+                else:
+                    self._block_deadline = None
+            deadline = self._block_deadline
+            if deadline is not None and (not codec.block_open or trio.current_time() >= deadline):
+                self.write(codec.close_block())
+                self._block_deadline = deadline = None
+            if sent:
+                continue
+            if deadline is None:
+                await appender.changed.park()
+            else:
+                with trio.move_on_at(deadline):
+                    await appender.changed.park()
+
+    async def _keepalive_loop(self) -> None:
+        """Pravega's client: after ``keepalive_initial``, a ``KeepAlive`` whenever nothing
+        was received for a ``keepalive_interval``; its echo is owed within ``timeout``."""
+        await trio.sleep(self.settings.keepalive_initial)
+        last_tick = trio.current_time() - self.settings.keepalive_interval
+        while True:
+            if self._heard_at <= last_tick:
+                self._owe()
+                self._keepalive_owed = True
+                self.write(self.codec.send(KeepAlive()))
+                self._block_deadline = None  # the codec closed any open block first
+                self._arm()
+            last_tick = trio.current_time()
+            await trio.sleep(self.settings.keepalive_interval)
+
+
+async def run_appender(
+    stream: trio.abc.Stream,
+    appender: Appender,
+    settings: WriterSettings | None = None,
+    *,
+    logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
+) -> None:
+    """Send ``appender``'s events over ``stream`` until the connection fails.
+
+    Raises what ended it (inside an ``ExceptionGroup``): the server closing,
+    a timeout, a protocol error. Events not acked are sent again by the next
+    call, on a new connection, after their writer's new ``AppendSetup``.
+    """
+    session = AppendSession(stream, appender, settings or WriterSettings(), logger=logger or log)
+    try:
+        await session.run()
+    finally:
+        appender.disconnected()
+
+
+async def open_stream(
+    address: str,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    server_hostname: str | None = None,
+) -> trio.abc.Stream:
+    """A connection to ``address`` (``host:port`` or ``unix:/path``), with TLS if asked."""
+    transport = UnixTransport() if address.startswith("unix:") else TcpTransport()
+    stream = await transport.connect(address)
+    if ssl_context is None:
+        return stream
+    tls = trio.SSLStream(
+        stream, ssl_context, server_hostname=server_hostname or address_host(address)
+    )
+    try:
+        await tls.do_handshake()
+    except BaseException:
+        await trio.aclose_forcefully(stream)
+        raise
+    return tls
+
+
+# -- the writer --------------------------------------------------------------------------------
+
+_CONNECTION_LOST = (OSError, trio.BrokenResourceError, trio.TooSlowError, ProtocolError)
+
+
+class SegmentWriter:
+    """Append events to segments; open it with :meth:`connect`.
+
+    ``await writer.append(segment, payload)`` returns the :class:`Acked` once
+    the server stored the event. Several segments share the connection, each
+    with its own writer id (``writer_id``: a function of the segment name, a
+    UUID for a writer of one segment, or None for random ones). While
+    ``max_inflight`` events (or ``max_inflight_bytes``) are not acked,
+    appending waits.
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        settings: WriterSettings,
+        *,
+        writer_id: UUID | Callable[[str], UUID] | None,
+        max_inflight: int,
+        max_inflight_bytes: int,
+        backoff: Backoff,
+    ) -> None:
+        self._connect = connect
+        self.settings = settings
+        self._fixed_id = writer_id if isinstance(writer_id, UUID) else None
+        ids = writer_id if callable(writer_id) else None
+        self.appender = Appender(
+            self._acked,
+            self._refused,
+            writer_id=ids or self._writer_id,
+            max_events=max_inflight,
+            max_bytes=max_inflight_bytes,
+        )
+        self.backoff = backoff
+        #: Connections made, and the last failure (for callers that watch).
+        self.connections = 0
+        self.last_error: str | None = None
+        self.connected = trio.Event()
+        self._closed = False
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(
+        cls,
+        address: str,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+        writer_id: UUID | Callable[[str], UUID] | None = None,
+        settings: WriterSettings | None = None,
+        max_inflight: int = 1000,
+        max_inflight_bytes: int = 16 * 2**20,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+    ) -> AsyncIterator[SegmentWriter]:
+        """Connect to ``address`` (``host:port`` or ``unix:/path``; TLS with
+        ``ssl_context``) and append while the block runs.
+
+        The first connection must succeed (``OSError`` otherwise); later ones
+        are retried for ever with a backoff. Leaving the block closes the
+        connection: events not acked by then fail with ``trio.ClosedResourceError``
+        (call :meth:`flush` first to wait for them).
+        """
+
+        async def connect() -> trio.abc.Stream:
+            return await open_stream(
+                address, ssl_context=ssl_context, server_hostname=server_hostname
+            )
+
+        first = await connect()
+        writer = cls(
+            connect,
+            settings or WriterSettings(),
+            writer_id=writer_id,
+            max_inflight=max_inflight,
+            max_inflight_bytes=max_inflight_bytes,
+            backoff=Backoff(backoff_initial, backoff_max),
+        )
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(writer._run, first)
+                try:
+                    yield writer
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            writer._close()
+
+    # -- appending -------------------------------------------------------------------------
+    async def submit(self, segment: str, payload: bytes) -> PendingAppend:
+        """Queue one event once the window has room; await the handle's ``wait()``."""
+        self._check_open()
+        await self.appender.wait_for_room(1, len(payload))
+        self._check_open()
+        handle = PendingAppend()
+        self.appender.add(segment, [payload], [handle])
+        return handle
+
+    async def append(self, segment: str, payload: bytes) -> Acked:
+        """Append one event; return once the server acknowledged it."""
+        return await (await self.submit(segment, payload)).wait()
+
+    async def append_many(self, segment: str, payloads: Sequence[bytes]) -> Acked | None:
+        """Append events in order; return once the server acknowledged the last
+        (the :class:`Acked` of the last one; None for no payloads)."""
+        last: PendingAppend | None = None
+        appender = self.appender
+        i = 0
+        while i < len(payloads):
+            self._check_open()
+            await appender.wait_for_room()
+            self._check_open()
+            # As many as fit in the window now (at least one).
+            j = i + 1
+            nbytes = len(payloads[i])
+            while (
+                j < len(payloads)
+                and j - i < _BATCH_EVENTS
+                and appender.has_room(j - i + 1, nbytes + len(payloads[j]))
+            ):
+                nbytes += len(payloads[j])
+                j += 1
+            last = PendingAppend()
+            chunk = payloads[i:j]
+            appender.add(segment, chunk, [None] * (len(chunk) - 1) + [last])
+            i = j
+        return await last.wait() if last is not None else None
+
+    async def flush(self) -> None:
+        """Wait until every event appended so far is acknowledged (or refused)."""
+        await self.appender.wait_empty()
+
+    # -- internals -------------------------------------------------------------------------
+    def _writer_id(self, segment: str) -> UUID:
+        if self._fixed_id is None:
+            return uuid4()
+        if any(lane.writer_id == self._fixed_id for lane in self.appender.lanes.values()):
+            raise ValueError(
+                f"writer id {self._fixed_id} is in use for another segment; pass a function"
+                " of the segment name to write to several"
+            )
+        return self._fixed_id
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("the writer is closed")
+
+    @staticmethod
+    def _acked(segment: str, writer_id: UUID, acked: list[tuple[Any, int]], offset: int) -> None:
+        for handle, number in acked:
+            handle._resolve(Acked(segment, writer_id, number, offset))
+
+    @staticmethod
+    def _refused(segment: str, tokens: list[Any], error: SegmentError) -> None:
+        for handle in tokens:
+            handle._fail(error)
+
+    def _close(self) -> None:
+        self._closed = True
+        error = trio.ClosedResourceError("the writer closed before the server acknowledged")
+        for handle in self.appender.fail_all(error):
+            handle._fail(error)
+
+    async def _run(self, stream: trio.abc.Stream | None) -> None:
+        """Connect, run a session, and after a loss back off and do it again, for ever."""
+        backoff = self.backoff
+        while True:
+            if stream is None:
+                try:
+                    stream = await self._connect()
+                except (OSError, trio.BrokenResourceError, trio.TooSlowError) as e:
+                    self.last_error = describe_error(e)
+                    delay = backoff.next_delay()
+                    log.warning("cannot connect (%s); retrying in %gs", self.last_error, delay)
+                    await trio.sleep(delay)
+                    continue
+            self.connections += 1
+            self.connected.set()
+            connected_at = trio.current_time()
+            try:
+                async with stream:
+                    await run_appender(stream, self.appender, self.settings, logger=log)
+            except* _CONNECTION_LOST as group:
+                self.last_error = describe_error(first_leaf(group))
+                log.warning("connection lost: %s; reconnecting", self.last_error)
+            stream = None
+            if trio.current_time() - connected_at >= backoff.maximum:
+                backoff.reset()
+            await backoff.sleep()
+
+
+# -- the reader --------------------------------------------------------------------------------
+
+
+class SegmentReader:
+    """Read segments over one connection; open it with :meth:`connect`.
+
+    One :meth:`read` runs at a time; open more readers to read several
+    segments at once.
+    """
+
+    def __init__(self, stream: trio.abc.Stream, *, timeout: float = 30.0) -> None:
+        self.stream = stream
+        #: Seconds a request may wait for its reply (a server holds a read at the
+        #: tail for its ``read_wait``, 10 s on a gateway).
+        self.timeout = timeout
+        self.codec = ClientConnection()
+        self._ids = itertools.count(1)
+        self._hello_sent = False
+        self._busy = False
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(
+        cls,
+        address: str,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+        timeout: float = 30.0,
+    ) -> AsyncIterator[SegmentReader]:
+        """Connect to ``address`` (``host:port`` or ``unix:/path``; TLS with ``ssl_context``)."""
+        stream = await open_stream(
+            address, ssl_context=ssl_context, server_hostname=server_hostname
+        )
+        async with stream:
+            yield cls(stream, timeout=timeout)
+
+    def read(
+        self,
+        segment: str,
+        offset: int = 0,
+        *,
+        follow: bool = True,
+        suggested_length: int = 2**20,
+    ) -> SegmentEvents:
+        """The events of ``segment`` from byte ``offset`` (an event's start), as
+        ``(offset, payload)``; with ``follow`` it waits at the tail for more,
+        without it the iteration ends there. Raises :class:`NoSuchSegmentError`,
+        :class:`SegmentTruncatedError` (below the retained start), ``trio.TooSlowError``
+        when the server does not answer within ``timeout``."""
+        return SegmentEvents(self, segment, offset, follow, suggested_length)
+
+    async def _send(self, command: Command) -> None:
+        wire = b"" if self._hello_sent else self.codec.send(Hello())
+        self._hello_sent = True
+        await self.stream.send_all(wire + self.codec.send(command))
+
+    async def _next_event(self) -> object:
+        codec = self.codec
+        while (event := codec.next_event()) is NEED_DATA:
+            with trio.move_on_after(self.timeout) as timer:
+                data = await self.stream.receive_some(RECEIVE_SIZE)
+            if timer.cancelled_caught:
+                raise trio.TooSlowError(f"no answer from the server for {self.timeout:g}s")
+            codec.receive_data(data)
+        if isinstance(event, ConnectionClosed):
+            raise trio.BrokenResourceError("the server closed the connection")
+        return event
+
+
+class SegmentEvents:
+    """An ongoing read: iterate for ``(offset, payload)``; :attr:`position` is where
+    the next event starts (read from there to resume)."""
+
+    def __init__(
+        self, reader: SegmentReader, segment: str, offset: int, follow: bool, length: int
+    ) -> None:
+        self.reader = reader
+        self.segment = segment
+        self.follow = follow
+        self.length = length
+        self._events = Reassembler(offset)
+        self._ready: deque[tuple[int, bytes]] = deque()
+        self._request = 0
+        self._done = False
+
+    @property
+    def position(self) -> int:
+        """Where the next event not yet returned starts."""
+        if self._ready:
+            return self._ready[0][0]
+        return self._events.position
+
+    @property
+    def at_tail(self) -> bool:
+        """Whether the last reply reached the segment's (durable) end."""
+        return self._events.at_tail
+
+    def __aiter__(self) -> SegmentEvents:
+        return self
+
+    async def __anext__(self) -> tuple[int, bytes]:
+        while not self._ready:
+            if self._done:
+                raise StopAsyncIteration
+            await self._fetch()
+        return self._ready.popleft()
+
+    async def _fetch(self) -> None:
+        """One request and the replies up to its answer."""
+        reader = self.reader
+        if reader._busy:
+            raise trio.BusyResourceError("another read is running on this reader")
+        reader._busy = True
+        try:
+            self._request = rid = next(reader._ids)
+            await reader._send(ReadSegment(self.segment, self._events.offset, self.length, "", rid))
+            while True:
+                event = await reader._next_event()
+                if isinstance(event, SegmentRead):
+                    if event.segment != self.segment:
+                        continue  # the reply to a read given up earlier
+                    self._take(event)
+                    if event.request_id in (rid, -1):
+                        if event.at_tail and not self.follow:
+                            self._done = True
+                        return
+                elif isinstance(event, NoSuchSegment | SegmentIsTruncated | ErrorMessage):
+                    if event.request_id in (rid, -1):
+                        raise refusal(event)
+                elif isinstance(event, Hello | KeepAlive):
+                    continue
+                else:
+                    raise RemoteProtocolError(f"unexpected {event!r} on a reader connection")
+        finally:
+            reader._busy = False
+
+    def _take(self, read: SegmentRead) -> None:
+        """Feed a reply, dropping what an earlier one already gave (replies may overlap)."""
+        expected = self._events.offset
+        if read.offset < expected:
+            skip = expected - read.offset
+            if skip >= len(read.data):
+                return
+            read = dataclasses.replace(read, offset=expected, data=read.data[skip:])
+        self._ready.extend(self._events.feed(read))

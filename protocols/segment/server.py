@@ -1,0 +1,347 @@
+"""The segment-store role over a trio stream: appends stored durably, reads served.
+
+:class:`ServerSession` is a :class:`~gateway.protocol.Session` over the
+sans-IO :class:`~protocols.segment.codec.ServerConnection`, backed by an
+embedded :class:`~gateway.store.Store`:
+
+* ``Hello`` is answered with ours (an incompatible range gets it too, then
+  the connection closes); ``KeepAlive`` is echoed and counts as progress.
+* ``SetupAppend`` answers ``AppendSetup`` with the writer's last *durable*
+  event number, but only once everything already written to the segment is
+  durable: a writer reconnecting while its previous connection's appends
+  still await their fsync must learn about them, or it would send them again.
+  A missing segment is created when ``auto_create`` allows, else the answer
+  is ``NoSuchSegment``.
+* An append block is checked against the segment's writer ledger, which all
+  connections share (a block whose first event number is not above the last
+  one written gets ``InvalidEventNumber``, then the connection closes: a
+  duplicate is never stored), then written, and answered with
+  ``DataAppended`` only once it is durable, in order. While more than
+  ``max_outstanding_bytes`` are appended and not yet acked, reading stops.
+* ``ReadSegment`` returns durable bytes only (a crash can never take back
+  what a reader saw). A read at the durable end is held in a task of its own,
+  so the connection keeps reading, until data becomes durable or
+  ``read_wait`` passes (then an empty ``SegmentRead`` at the tail).
+* Any other broken rule gets the codec's error reply, then the connection
+  closes; other connections are not affected.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from uuid import UUID
+
+import trio
+
+from gateway.model import Outcome
+from gateway.protocol import NotKept, RemoteProtocolError, Session
+from gateway.receipts import Receipt
+from gateway.store import Segment, SegmentTruncated, Store
+
+from .blocks import Append
+from .codec import Limits, SegmentProtocolError, ServerConnection
+from .commands import (
+    NULL_EVENT_NUMBER,
+    AppendSetup,
+    ErrorMessage,
+    Hello,
+    InvalidEventNumber,
+    KeepAlive,
+    NoSuchSegment,
+    ReadSegment,
+    SegmentIsTruncated,
+    SegmentRead,
+    SetupAppend,
+)
+from .frames import encode
+
+__all__ = ["ServerMetrics", "ServerSession", "ServerSettings"]
+
+log = logging.getLogger(__name__)
+
+#: Append blocks read and not yet acked before reading pauses, whatever their size.
+MAX_PENDING_BLOCKS = 4096
+#: Reads held at the tail at once per connection; a further one waits (reading pauses).
+MAX_HELD_READS = 256
+#: ``ErrorMessage.error_code`` for an argument the server refuses (Pravega's ILLEGAL_ARGUMENT).
+ILLEGAL_ARGUMENT = 0
+
+
+class Count(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class _Nothing:
+    """Counts nothing: the default where no metrics are wanted."""
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+
+_NOTHING = _Nothing()
+
+
+@dataclass(frozen=True, slots=True)
+class ServerMetrics:
+    """Where a connection counts its work (per append block or read, never per event)."""
+
+    #: Events appended (the gateway passes its per-listener messages-received tally).
+    events: Count = _NOTHING
+    #: Bytes appended (event frames, as stored).
+    appended_bytes: Count = _NOTHING
+    #: Bytes returned by reads.
+    read_bytes: Count = _NOTHING
+    #: Connections closed for breaking the protocol or timing out.
+    protocol_errors: Count = _NOTHING
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    limits: Limits = field(default_factory=Limits)
+    #: Create a segment a ``SetupAppend`` names when it does not exist.
+    auto_create: bool = True
+    #: Bytes appended and not yet acked above which reading stops.
+    max_outstanding_bytes: int = 16 * 2**20
+    #: The most bytes one ``SegmentRead`` returns (the client's suggestion may be lower).
+    max_read_bytes: int = 2**20
+    #: Seconds a read at the tail is held for new data before an empty reply.
+    read_wait: float = 10.0
+    #: Seconds a started command may take to arrive whole (0: no limit).
+    unit_timeout: float = 30.0
+    #: Seconds one write may take (0: no limit).
+    write_timeout: float = 30.0
+
+
+class _Block:
+    """One append block between its arrival and its ack."""
+
+    __slots__ = ("append", "end", "setup", "size")
+
+    def __init__(self, append: Append, setup: int | None, size: int) -> None:
+        self.append = append
+        #: Which setup of its writer it was sent under.
+        self.setup = setup
+        self.size = size
+        #: The segment's length after it (known once written).
+        self.end = -1
+
+
+class ServerSession(Session):
+    """One segment-append connection, server side; :meth:`serve` runs it."""
+
+    codec: ServerConnection
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        store: Store,
+        settings: ServerSettings | None = None,
+        *,
+        logger: logging.Logger | logging.LoggerAdapter[Any] | None = None,
+        shutdown: trio.Event | None = None,
+        metrics: ServerMetrics | None = None,
+    ) -> None:
+        settings = settings or ServerSettings()
+        super().__init__(
+            stream,
+            ServerConnection(settings.limits),
+            log=logger or log,
+            shutdown=shutdown,
+            max_answers=MAX_PENDING_BLOCKS,
+            ordered=True,
+            unit_timeout=settings.unit_timeout,
+            write_timeout=settings.write_timeout,
+        )
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics or ServerMetrics()
+        #: Each writer's current setup on this connection: answers of an earlier one
+        #: are dropped (the new ``AppendSetup`` already told what is durable).
+        self._setups: dict[UUID, int] = {}
+        self._setup_count = 0
+        #: Bytes appended and not yet acked; reading stops above the limit.
+        self.outstanding_bytes = 0
+        self._acked = trio.lowlevel.ParkingLot()
+        self._held_reads = 0
+        self._read_done = trio.lowlevel.ParkingLot()
+
+    # -- Session hooks ---------------------------------------------------------------------
+    def ended_by(self, error: Exception) -> None:
+        self.metrics.protocol_errors.inc()
+
+    def error_reply(self, error: RemoteProtocolError) -> bytes | None:
+        if isinstance(error, SegmentProtocolError) and error.reply is not None:
+            return encode(error.reply)
+        return encode(ErrorMessage(-1, "", str(error), -1))
+
+    async def handle(self, event: object) -> None:
+        if isinstance(event, Append):
+            await self._append(event)
+        elif isinstance(event, ReadSegment):
+            await self._read(event)
+        elif isinstance(event, SetupAppend):
+            await self._setup(event)
+        elif isinstance(event, KeepAlive):
+            self.write(self.codec.send(KeepAlive()))
+        elif isinstance(event, Hello):
+            self.write(self.codec.send(Hello()))
+        else:  # pragma: no cover - the codec returns nothing else to a server
+            raise AssertionError(f"unexpected event {event!r}")
+
+    # -- appends ---------------------------------------------------------------------------
+    async def _setup(self, setup: SetupAppend) -> None:
+        segment = self._segment(setup.segment, create=self.settings.auto_create, request=setup)
+        if segment is None:
+            return
+        self._setup_count += 1
+        self._setups[setup.writer_id] = self._setup_count
+        # Whatever this writer (or anyone) wrote before must be durable before we say
+        # how far it got: a writer reconnecting while its earlier appends await their
+        # fsync would otherwise send them again.
+        await segment.durable(segment.end)
+        last = segment.last_event_number(setup.writer_id, durable=True)
+        self.write(
+            self.codec.send(
+                AppendSetup(
+                    setup.request_id,
+                    setup.segment,
+                    setup.writer_id,
+                    NULL_EVENT_NUMBER if last is None else last,
+                )
+            )
+        )
+
+    def _segment(self, name: str, *, create: bool, request: SetupAppend) -> Segment | None:
+        """The segment a setup names (created if allowed); None once refused on the wire."""
+        rid = request.request_id
+        if not name:
+            self.write(self.codec.send(NoSuchSegment(rid, name, "", -1)))
+            return None
+        try:
+            segment = self.store.segment(name, create=create)
+        except OSError as e:
+            self.log.warning("cannot create segment %r: %s", name, e)
+            self.write(
+                self.codec.send(
+                    ErrorMessage(rid, name, f"cannot create the segment: {e.strerror or e}", -1)
+                )
+            )
+            return None
+        except trio.ClosedResourceError:
+            raise NotKept("the store is closed") from None
+        if segment is None:
+            self.write(self.codec.send(NoSuchSegment(rid, name, "", -1)))
+        return segment
+
+    async def _append(self, append: Append) -> None:
+        segment = self.store.segment(append.segment, create=False)
+        if segment is None:  # pragma: no cover - segments are never deleted while running
+            raise NotKept(f"segment {append.segment!r} is gone")
+        writer = append.writer_id
+        first = append.last_event_number - append.event_count + 1
+        last = segment.last_event_number(writer, durable=False)
+        if last is not None and first <= last:
+            # Another connection of the same writer (or an earlier one on this)
+            # stored these numbers already: storing them again would duplicate events.
+            raise SegmentProtocolError(
+                f"writer {writer}: events {first}..{append.last_event_number} are not above"
+                f" {last}, the last event number stored in segment {append.segment!r}",
+                InvalidEventNumber(writer, append.request_id, "", append.last_event_number),
+            )
+        block = _Block(append, self._setups.get(writer), len(append.data))
+        await self.submit(
+            functools.partial(self._store, segment, block), functools.partial(self._answer, block)
+        )
+        self.outstanding_bytes += block.size
+        self.metrics.events.inc(append.event_count)
+        self.metrics.appended_bytes.inc(block.size)
+        while self.outstanding_bytes > self.settings.max_outstanding_bytes:
+            await self._acked.park()
+
+    async def _store(self, segment: Segment, block: _Block) -> Receipt:
+        """Write the block; its receipt settles once it is durable."""
+        append = block.append
+        try:
+            appended = segment.append(
+                append.data,
+                append.event_count,
+                writer=append.writer_id,
+                last_event_number=append.last_event_number,
+            )
+        except trio.ClosedResourceError:
+            raise NotKept("the store is closed") from None
+        block.end = appended.end
+        receipt = Receipt(1)
+        receipt.add_legs()
+        receipt.seal()
+        segment.when_durable(appended.end, functools.partial(receipt.settle, 0, Outcome.DELIVERED))
+        return receipt
+
+    def _answer(self, block: _Block, receipt: Receipt) -> bytes | None:
+        self.outstanding_bytes -= block.size
+        if self._acked:
+            self._acked.unpark_all()
+        append = block.append
+        if receipt.outcome is not Outcome.DELIVERED:
+            raise NotKept(
+                f"writer {append.writer_id}: events up to {append.last_event_number} were not"
+                f" stored durably ({receipt.reason or 'failed'}); closing without an ack"
+            )
+        if self._setups.get(append.writer_id) != block.setup:
+            return None  # set up again since: its AppendSetup covered this block
+        return self.codec.acknowledge(append, block.end)
+
+    # -- reads -----------------------------------------------------------------------------
+    async def _read(self, read: ReadSegment) -> None:
+        name, offset, rid = read.segment, read.offset, read.request_id
+        if offset < 0:
+            message = f"negative read offset {offset}"
+            raise SegmentProtocolError(message, ErrorMessage(rid, name, message, ILLEGAL_ARGUMENT))
+        segment = self.store.segment(name, create=False) if name else None
+        if segment is None:
+            await self.write_when_room(self.codec.send(NoSuchSegment(rid, name, "", offset)))
+            return
+        if offset < segment.durable_end or offset < segment.start:
+            await self.write_when_room(self._reply(segment, read))
+            return
+        while self._held_reads >= MAX_HELD_READS:
+            await self._read_done.park()
+        self._held_reads += 1
+        self.nursery.start_soon(self._held_read, segment, read)
+
+    async def _held_read(self, segment: Segment, read: ReadSegment) -> None:
+        """A read at the tail: answered once data past it is durable, or empty at ``read_wait``."""
+        try:
+            with trio.move_on_after(self.settings.read_wait):
+                await segment.wait_for(read.offset)
+                await segment.durable(read.offset + 1)
+            reply = self._reply(segment, read)
+        except trio.ClosedResourceError:
+            return  # the store closed: the gateway is stopping
+        finally:
+            self._held_reads -= 1
+            if self._read_done:
+                self._read_done.unpark_all()
+        await self.write_when_room(reply)
+
+    def _reply(self, segment: Segment, read: ReadSegment) -> bytes:
+        """The ``SegmentRead`` (or ``SegmentIsTruncated``) answering ``read`` now."""
+        name, offset, rid = read.segment, read.offset, read.request_id
+        if offset < segment.start:
+            return self.codec.send(SegmentIsTruncated(rid, name, segment.start, "", offset))
+        durable = segment.durable_end
+        limit = self.settings.max_read_bytes
+        if read.suggested_length > 0:
+            limit = min(limit, read.suggested_length)
+        data = b""
+        if offset < durable:
+            try:
+                data = segment.read(offset, min(limit, durable - offset))
+            except SegmentTruncated as e:  # retention moved the start since it was checked
+                return self.codec.send(SegmentIsTruncated(rid, name, e.start, "", offset))
+        self.metrics.read_bytes.inc(len(data))
+        at_tail = offset + len(data) >= durable
+        return self.codec.send(SegmentRead(name, offset, at_tail, False, data, rid))
