@@ -44,6 +44,7 @@ from .topic import Topic
 
 if TYPE_CHECKING:
     from .hub import Hub
+    from .store import Store
 
 __all__ = [
     "LATENCY_BUCKETS",
@@ -52,6 +53,7 @@ __all__ = [
     "PUBLISH_REASONS",
     "HubCollector",
     "Metrics",
+    "StoreCollector",
     "Tally",
     "TallyFamily",
     "publish_reason",
@@ -241,6 +243,10 @@ class Metrics:
         self.registry.register(self._hub_collector)
         return self._hub_collector
 
+    def watch_store(self, store: Store) -> None:
+        """Export the embedded segment store's figures (``Store.stats``) at scrape time."""
+        self.registry.register(StoreCollector(store))
+
     def counter(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
         """The counter family ``name`` (exposed as ``name_total``), created on first use."""
         return self._family(Counter, name, documentation, labels)
@@ -344,6 +350,75 @@ class TallyFamily:
         for key, tally in self._children.items():
             family.add_metric(list(key), tally.value)
         yield family
+
+
+class StoreCollector:
+    """Reads the embedded store's counters when scraped (docs/store.md, "Metrics")."""
+
+    #: (stats key, metric name, kind, help, scale).
+    FIGURES: tuple[tuple[str, str, str, str, float], ...] = (
+        ("segments", "interchange_store_segments", "gauge", "Segments in the store.", 1),
+        ("bytes", "interchange_store_bytes", "gauge", "Bytes the segments retain.", 1),
+        ("events", "interchange_store_events", "gauge", "Events the segments retain.", 1),
+        (
+            "appended_bytes",
+            "interchange_store_appended_bytes",
+            "counter",
+            "Bytes appended since the store opened.",
+            1,
+        ),
+        (
+            "commits",
+            "interchange_store_commits",
+            "counter",
+            "Group commits: each made everything written before it durable.",
+            1,
+        ),
+        ("fsyncs", "interchange_store_fsyncs", "counter", "fdatasync calls of the commits.", 1),
+        (
+            "fsync_us",
+            "interchange_store_fsync_seconds",
+            "counter",
+            "Seconds spent in those fdatasync calls.",
+            1e-6,
+        ),
+        (
+            "bytes_deleted",
+            "interchange_store_deleted_bytes",
+            "counter",
+            "Bytes retention deleted (whole chunk files).",
+            1,
+        ),
+        (
+            "corrupt_records",
+            "interchange_store_corrupt_records",
+            "gauge",
+            "Records known to fail their checksum (never delivered; see gateway store verify).",
+            1,
+        ),
+        (
+            "recovery_truncated_bytes",
+            "interchange_store_recovery_truncated_bytes",
+            "gauge",
+            "Bytes of torn tails cut away when the store was opened (0 after a clean stop).",
+            1,
+        ),
+    )
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.store.stats()
+        for key, name, kind, documentation, scale in self.FIGURES:
+            value = stats.get(key, 0) * scale
+            if kind == "counter":
+                yield CounterMetricFamily(name, documentation, value=value)
+            else:
+                yield GaugeMetricFamily(name, documentation, value=value)
 
 
 class HubCollector:

@@ -235,6 +235,7 @@ class Gateway:
             if self.needs_store:
                 self.store = await stack.enter_async_context(self._open_store())
                 self.catalog.store = self.store
+                self.metrics.watch_store(self.store)
             await self._run(task_status)
 
     @property
