@@ -105,6 +105,24 @@ async def test_a_bad_config_is_refused_and_the_running_one_stays(tmp_path: Path)
         gw.shutdown()
 
 
+async def test_the_store_settings_and_durability_need_a_restart(tmp_path: Path) -> None:
+    durable = '[[destinations]]\nname = "logs"\nstore = "embedded"\n'
+    path = write(tmp_path / "gw.toml", listener("nd") + durable)
+    async with trio.open_nursery() as nursery:
+        gw = await start(nursery, path)
+        assert gw.store is not None
+        path.write_text('[store]\nfsync = "always"\n' + listener("nd") + durable)
+        with pytest.raises(ReloadRefused, match=r"\[store\]"):
+            await reload_file(gw)
+        path.write_text(listener("nd"))  # no durable destination left: the store would close
+        with pytest.raises(ReloadRefused, match="durable"):
+            await reload_file(gw)
+        c = await client(gw, "nd")
+        assert (await c.publish(b"kept", "logs")).status == "delivered"
+        assert gw.store.stats()["events"] == 1
+        gw.shutdown()
+
+
 def _tls_listener(certs: dict[str, Path]) -> str:
     return listener("tls") + (
         f'[listeners.tls]\ncert = "{certs["server_cert"]}"\nkey = "{certs["server_key"]}"\n'
