@@ -418,17 +418,22 @@ class Segment:
             out.append(chunk)
         return out
 
-    def drop_chunks(self, chunks: list[Chunk]) -> None:
-        """The committer deleted these oldest chunks' files: forget them, move the start
-        and tell the observers."""
+    def retire(self, chunks: list[Chunk]) -> bool:
+        """These oldest chunks are about to be deleted: move the start past them now,
+        so that no read reaches their files while they go. True if it moved."""
+        head = self._chunks[len(chunks)]
+        if head.first_event <= self.first_event:
+            return False
+        self.first_event = head.first_event
+        self.start = head.start
+        return True
+
+    def drop_chunks(self, chunks: list[Chunk], moved: bool) -> None:
+        """The committer deleted these oldest chunks' files (after :meth:`retire`): forget
+        them and, if the start moved, tell the observers."""
         if not chunks:
             return
         del self._chunks[: len(chunks)]
-        head = self._chunks[0]
-        moved = head.first_event > self.first_event
-        if moved:
-            self.first_event = head.first_event
-            self.start = head.start
         if moved:
             for _, on_truncate in tuple(self._observers):
                 if on_truncate is not None:

@@ -462,6 +462,7 @@ class Store:
                 chunk.index_path.unlink(missing_ok=True)
             fsync_directory(segment.directory)
 
+        moved = segment.retire(chunks)
         for chunk in chunks:
             self.files.forget(chunk)
             chunk.close()
@@ -471,7 +472,7 @@ class Store:
         dirty = self._dirty.get(segment)
         if dirty is not None:
             dirty.difference_update(chunks)
-        segment.drop_chunks(chunks)
+        segment.drop_chunks(chunks, moved)
 
     # -- retention -------------------------------------------------------------------------
 

@@ -50,7 +50,7 @@ async def test_retention_by_size(tmp_path: Path, autojump_clock: trio.testing.Mo
         for _ in range(10):  # two records a chunk: five chunks of 196 bytes
             segment.append(RECORD, 2)
         assert len(data_files(tmp_path)) == 5
-        await until(lambda: segment.first_event > 0)
+        await until(lambda: bool(truncated))  # the observers hear once the files are gone
         assert trio.current_time() >= SWEEP_SECONDS
         # 980 bytes > 500: the oldest chunks go until what is left fits.
         assert len(data_files(tmp_path)) == 2
@@ -96,14 +96,14 @@ async def test_retention_by_age(tmp_path: Path, autojump_clock: trio.testing.Moc
         assert segment.first_event == 0
         await trio.sleep(2)  # t=61: the first two are
         assert store.sweep() == {"s": 8}
-        await finished(lambda: segment.first_event > 0)
+        await finished(lambda: store.stats()["chunks_deleted"] == 2)
         assert segment.first_event == 8
         assert len(data_files(tmp_path)) == 2
         await trio.sleep(28)  # t=89: the third not yet
         assert store.sweep() == {}
         await trio.sleep(2)  # t=91: now it is
         assert store.sweep() == {"s": 12}
-        await finished(lambda: segment.first_event > 8)
+        await finished(lambda: store.stats()["chunks_deleted"] == 3)
         assert segment.first_event == 12
         assert len(data_files(tmp_path)) == 1
 
@@ -179,3 +179,29 @@ async def test_states_are_written_by_the_committer(
         shutil.copytree(tmp_path, copy)
     async with Store.open(copy) as store:
         assert store.load_state("owner") == {"n": 99}
+
+
+async def test_reads_while_retention_deletes_files_see_the_new_start(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with Store.open(tmp_path, chunk_bytes=200, retain_bytes=500, fsync="never") as store:
+        segment = store.segment("s")
+        for _ in range(10):
+            segment.append(RECORD, 2)
+        assert store.sweep() == {"s": 12}
+        outcomes: set[str] = set()
+        deadline = time.monotonic() + 30
+        # The files go in a worker thread: every read meanwhile either still finds the
+        # old events or is told where the segment starts now; none finds a file gone.
+        while store.stats()["chunks_deleted"] < 3:
+            assert time.monotonic() < deadline
+            try:
+                segment.read_events(0, 4, 1 << 20)
+                outcomes.add("read")
+            except SegmentTruncated as e:
+                assert e.first_event == 12
+                outcomes.add("truncated")
+            await trio.lowlevel.checkpoint()
+        assert "truncated" in outcomes
+        with pytest.raises(SegmentTruncated):
+            segment.read(0, 100)
