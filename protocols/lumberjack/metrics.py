@@ -9,30 +9,10 @@ are per window, never per event.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+
+from gateway.protocol.counts import NOTHING, Count, Observe
 
 __all__ = ["ClientMetrics", "Count", "Observe", "ServerMetrics"]
-
-
-class Count(Protocol):
-    def inc(self, amount: float = 1) -> None: ...
-
-
-class Observe(Protocol):
-    def observe(self, amount: float) -> None: ...
-
-
-class _Nothing:
-    """Counts and observes nothing: the default where no metrics are wanted."""
-
-    def inc(self, amount: float = 1) -> None:
-        pass
-
-    def observe(self, amount: float) -> None:
-        pass
-
-
-NOTHING = _Nothing()
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,13 +31,14 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 from uuid import UUID
 
 import trio
 
 from gateway.model import Outcome
 from gateway.protocol import NotKept, RemoteProtocolError, Session
+from gateway.protocol.counts import NOTHING, Count
 from gateway.receipts import Receipt
 from gateway.store import Segment, SegmentTruncated, Store
 
@@ -70,32 +71,18 @@ MAX_HELD_READS = 256
 ILLEGAL_ARGUMENT = 0
 
 
-class Count(Protocol):
-    def inc(self, amount: float = 1) -> None: ...
-
-
-class _Nothing:
-    """Counts nothing: the default where no metrics are wanted."""
-
-    def inc(self, amount: float = 1) -> None:
-        pass
-
-
-_NOTHING = _Nothing()
-
-
 @dataclass(frozen=True, slots=True)
 class ServerMetrics:
     """Where a connection counts its work (per append block or read, never per event)."""
 
     #: Events appended (the gateway passes its per-listener messages-received tally).
-    events: Count = _NOTHING
+    events: Count = NOTHING
     #: Bytes appended (event frames, as stored).
-    appended_bytes: Count = _NOTHING
+    appended_bytes: Count = NOTHING
     #: Bytes returned by reads.
-    read_bytes: Count = _NOTHING
+    read_bytes: Count = NOTHING
     #: Connections closed for breaking the protocol or timing out.
-    protocol_errors: Count = _NOTHING
+    protocol_errors: Count = NOTHING
 
 
 @dataclass(frozen=True, slots=True)
