@@ -827,7 +827,5 @@ def default_data(registry: Registry) -> dict[str, Any]:
         "metrics": {"bind": f"127.0.0.1:{DEFAULT_METRICS_PORT}"},
         "admin": {"bind": f"127.0.0.1:{DEFAULT_ADMIN_PORT}"},
         "listeners": listeners,
-        "destinations": [
-            {"name": name, "kind": "queue", "store": "embedded"} for name in queues
-        ],
+        "destinations": [{"name": name, "kind": "queue", "store": "embedded"} for name in queues],
     }
