@@ -106,21 +106,39 @@ class Catalog:
         )
 
     def _durable(self, name: str, spec: DestinationSpec) -> Destination:
-        """A durable log in the store: one segment per partition, ``NAME/0`` … ."""
+        """A durable log in the store: one segment per partition, ``NAME/0`` … , each
+        with the entry's age bound; more than one partition makes a
+        :class:`~gateway.store.partitioned.PartitionedLog` over them."""
         from .store.durable import DurableLog
+        from .store.partitioned import PartitionedLog
 
         if self.store is None:
             raise LookupError(f"destination {name!r} is durable but no store is open")
         assert spec.retain is not None  # the config fills in the store's default
-        log = DurableLog(
-            name,
-            self.store.segment(f"{name}/0"),
-            self.store,
-            retain_bytes=spec.retain,
-            kind=spec.kind,
-            overflow=spec.overflow,
-            element_size=spec.element_size,
-        )
+        parts: list[DurableLog] = []
+        try:
+            for p in range(spec.partitions):
+                segment = self.store.segment(f"{name}/{p}")
+                segment.retain_age = spec.retain_age
+                parts.append(
+                    DurableLog(
+                        name,
+                        segment,
+                        self.store,
+                        retain_bytes=spec.retain,
+                        kind=spec.kind,
+                        overflow=spec.overflow,
+                        element_size=spec.element_size,
+                        partition=p,
+                    )
+                )
+        except BaseException:
+            for part in parts:  # they follow their segments: stop that
+                part.close()
+            raise
+        log: Destination = parts[0]
+        if len(parts) > 1:
+            log = PartitionedLog(name, parts, partition_key=spec.partition_key)
         for group in spec.groups:
             log.declare_group(group)
         return log

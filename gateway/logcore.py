@@ -37,6 +37,13 @@ evicted (:meth:`LogDestination._release`). Offsets in ``_holes`` hold no readabl
 message (a durable record that failed its checksum; always older than the
 recent ones): they are never delivered, and count as dropped for every group
 that reaches them.
+
+A log may be one *partition* of a destination (``partition``): the positions
+it gives out carry that partition, and it takes start and end positions of
+that partition only. A subscription that merges several partitions
+(:class:`gateway.store.partitioned.PartitionedLog`) takes from each member
+without waiting (:meth:`LogSubscription.take`, sharing one byte window) and
+waits on all of them in one task (:meth:`LogSubscription.watch`).
 """
 
 from __future__ import annotations
@@ -77,15 +84,15 @@ __all__ = ["QUEUE_GROUP", "LogDestination", "LogSubscription", "positions"]
 _NO_HOLES: frozenset[int] = frozenset()
 
 
-def positions(lo: int, hi: int) -> list[Position]:
-    """``Position(lo)`` … ``Position(hi - 1)``."""
-    return list(map(tuple.__new__, repeat(Position), zip(range(lo, hi), repeat(0))))
+def positions(lo: int, hi: int, partition: int = 0) -> list[Position]:
+    """``Position(lo, partition)`` … ``Position(hi - 1, partition)``."""
+    return list(map(tuple.__new__, repeat(Position), zip(range(lo, hi), repeat(partition))))
 
 
-def _offset_of(where: Position | int, what: str) -> int:
+def _offset_of(where: Position | int, what: str, partition: int) -> int:
     if isinstance(where, Position):
-        if where.partition != 0:
-            raise ValueError(f"{what} {where!r}: a log has only partition 0")
+        if where.partition != partition:
+            raise ValueError(f"{what} {where!r}: this log is partition {partition}")
         return where.offset
     if isinstance(where, int) and not isinstance(where, bool):
         return where
@@ -115,6 +122,7 @@ class _Group:
         "rejected",
         "settled",
         "waiters",
+        "watchers",
     )
 
     def __init__(self, name: str, anonymous: bool, filter: Filter | None, start: int) -> None:
@@ -129,6 +137,9 @@ class _Group:
         self.members: list[LogSubscription] = []
         #: Members waiting for something to take.
         self.waiters = trio.lowlevel.ParkingLot()
+        #: Lots of tasks that wait on several subscriptions at once, woken with the
+        #: waiters (:meth:`LogSubscription.watch`).
+        self.watchers: list[trio.lowlevel.ParkingLot] = []
         self.dropped = 0
         self.rejected = 0
 
@@ -176,6 +187,9 @@ class _Group:
     def wake(self) -> None:
         if self.waiters:
             self.waiters.unpark_all()
+        if self.watchers:
+            for lot in self.watchers:
+                lot.unpark_all()
 
 
 class LogDestination(Destination):
@@ -201,6 +215,7 @@ class LogDestination(Destination):
         kind: Literal["topic", "queue"] = "topic",
         overflow: Literal["block", "drop_oldest"] = "block",
         element_size: int | None = None,
+        partition: int = 0,
     ) -> None:
         if retain_bytes < 1:
             raise ValueError("retain_bytes must be at least 1")
@@ -208,7 +223,12 @@ class LogDestination(Destination):
             raise ValueError(f"kind must be 'topic' or 'queue', not {kind!r}")
         if overflow not in ("block", "drop_oldest"):
             raise ValueError(f"overflow must be 'block' or 'drop_oldest', not {overflow!r}")
+        if partition < 0:
+            raise ValueError(f"partition must not be negative: {partition}")
         self.name = name
+        #: Which partition of its destination this log is: every position it gives
+        #: out carries it, and it takes only start and end positions of it.
+        self.partition = partition
         self.retain_bytes = retain_bytes
         self.kind = kind
         self.overflow = overflow
@@ -493,7 +513,7 @@ class LogDestination(Destination):
             return self.tail
         if start == "earliest":
             return self.first
-        offset = _offset_of(start, "start")
+        offset = _offset_of(start, "start", self.partition)
         if offset > self.tail:
             raise ValueError(
                 f"start {offset} is past the tail of log {self.name!r} (next offset {self.tail})"
@@ -505,7 +525,7 @@ class LogDestination(Destination):
             return None
         if end == "latest":
             return self.tail
-        offset = _offset_of(end, "end")
+        offset = _offset_of(end, "end", self.partition)
         if offset < 0:
             raise ValueError(f"end must not be negative: {offset}")
         return offset
@@ -573,7 +593,7 @@ class LogDestination(Destination):
         for g in self._groups.values():
             for member in g.members:
                 member._closed = True
-            g.waiters.unpark_all()
+            g.wake()
 
     def stats(self) -> dict[str, object]:
         groups = {
@@ -627,6 +647,8 @@ class LogSubscription(Subscription):
         self._closed = False
         #: Set once ``receive`` raised EndOfStream: it raises it from then on.
         self._ended = False
+        #: Lots this subscription wakes besides its own waiters (:meth:`watch`).
+        self._watching: list[trio.lowlevel.ParkingLot] = []
 
     @property
     def credit(self) -> int | None:
@@ -637,8 +659,14 @@ class LogSubscription(Subscription):
         return len(self._tags)
 
     @property
+    def unacked_bytes(self) -> int:
+        """``Message.size`` of the deliveries not yet acked, counted only under a
+        ``max_unacked_bytes`` window (0 without one)."""
+        return self._unacked_bytes
+
+    @property
     def committed(self) -> Position:
-        return Position(self._group.committed)
+        return Position(self._group.committed, self._log.partition)
 
     def grant(self, n: int) -> None:
         if n < 0:
@@ -679,16 +707,53 @@ class LogSubscription(Subscription):
                 continue
             await g.waiters.park()
 
-    def _take(self, n: int) -> list[Delivery]:
-        """Up to ``n`` deliveries (redeliveries first), within the byte window; also
-        moves the cursor past entries the filter skips and holes."""
+    def take(self, max_count: int | None = None, *, shared_bytes: int = 0) -> list[Delivery]:
+        """What :meth:`receive` would return now, without waiting: [] where it would wait.
+
+        For a subscription that merges several logs (one task takes from each, and
+        waits on all of them with :meth:`watch`). ``shared_bytes`` is what the
+        other subscriptions that share this one's ``max_unacked_bytes`` window
+        hold unacked: deliveries stop where the sum would pass the window, and
+        one alone may pass it only when neither holds anything. Raises
+        ``trio.ClosedResourceError`` once closed and :class:`EndOfStream` once a
+        finite read ended, as :meth:`receive` does.
+        """
+        if self._closed:
+            raise trio.ClosedResourceError("subscription closed")
+        if self._ended:
+            raise EndOfStream(f"read of {self.destination!r} ended at offset {self._end}")
+        n = self._room()
+        if max_count is not None:
+            n = min(n, max_count)
+        out = self._take(n, shared_bytes)
+        if not out and self._finished():
+            self._ended = True
+            raise EndOfStream(f"read of {self.destination!r} ended at offset {self._end}")
+        return out
+
+    def watch(self, lot: trio.lowlevel.ParkingLot) -> None:
+        """Unpark every task in ``lot`` whenever this subscription may have something
+        new to take (whenever a waiting :meth:`receive` would wake: an append, an ack
+        or nack of its group, credit, a departure, closing), until it closes. So one
+        task can wait on several subscriptions without a task per subscription;
+        a wake-up is a hint, to be checked with :meth:`take`."""
+        self._watching.append(lot)
+        self._group.watchers.append(lot)
+
+    def _take(self, n: int, shared: int = 0) -> list[Delivery]:
+        """Up to ``n`` deliveries (redeliveries first), within the byte window less
+        ``shared`` (see :meth:`take`); also moves the cursor past entries the filter
+        skips and holes."""
         log = self._log
         g = self._group
         out: list[Delivery] = []
         tags = self._tags
         tag_bytes = self._tag_bytes
         limit = self._max_unacked_bytes
+        if shared and limit is not None:
+            limit -= shared
         held = self._unacked_bytes
+        partition = log.partition
         end = self._end
         full = False
         moved = False
@@ -711,7 +776,7 @@ class LogSubscription(Subscription):
                         moved |= g.settle((offset,))
                         continue
                 size = log._size(offset)
-                if limit is not None and tags and held + size > limit:
+                if limit is not None and (tags or shared) and held + size > limit:
                     full = True
                     break
                 heapq.heappop(heap)
@@ -721,7 +786,7 @@ class LogSubscription(Subscription):
                 if tag_bytes is not None:
                     tag_bytes[tag] = size
                 held += size
-                out.append(new_delivery((tag, message, True, Position(offset), None)))
+                out.append(new_delivery((tag, message, True, Position(offset, partition), None)))
         stop = log.tail if end is None else min(log.tail, end)
         f = g.filter
         while g.cursor < stop:
@@ -764,7 +829,7 @@ class LogSubscription(Subscription):
                 ebase = log._base
                 fit = bisect.bisect_right(log._ends, budget, lo - ebase, hi - ebase) + ebase
                 if fit == lo:
-                    if tags:
+                    if tags or shared:
                         full = True
                         continue
                     fit = lo + 1
@@ -785,7 +850,7 @@ class LogSubscription(Subscription):
                     run_tags,
                     messages[lo - base : hi - base],
                     repeat(False),
-                    positions(lo, hi),
+                    positions(lo, hi, partition),
                     repeat(None),
                 ),
             )
@@ -866,3 +931,7 @@ class LogSubscription(Subscription):
             self._unacked_bytes = 0
             self._log._requeue(g, offsets)
         self._log._leave(self)
+        if self._watching:
+            for lot in self._watching:
+                g.watchers.remove(lot)
+            self._watching.clear()

@@ -2,7 +2,9 @@
 messages live in a segment of the store, so a restart loses nothing acked
 and redelivers what was not.
 
-Positions are the segment's event indexes (partition 0). ``put_many``
+Positions are the segment's event indexes, in the log's ``partition`` (0
+unless it is one partition of a
+:class:`~gateway.store.partitioned.PartitionedLog`). ``put_many``
 appends the run as one record of format ``ENVELOPE`` (one event per message,
 :mod:`gateway.store.envelope`), and its legs settle only when the store calls
 back that the record is durable: under the ``interval`` fsync policy that is
@@ -22,14 +24,16 @@ touch the disk; older ones are read back from the segment a chunk at a time.
 
 What survives a restart, besides the messages: each named group's committed
 position and filter, and the log's first offset, saved as the store state
-document of the destination's name whenever they change (the store writes
-the latest atomically at its next commit). On open a named group resumes at
-its committed position and everything after it is delivered again;
-anonymous groups are not kept. Opening reads every retained event once to
-rebuild the byte totals (unpacking each envelope, but building no message:
-a few microseconds per message plus the read, under a second for 200 000
-messages with headers and a source), then decodes the newest
-``cache_bytes`` of them into the cache.
+document of its ``state_owner`` whenever they change (the store writes the
+latest atomically at its next commit). The owner is the destination's name
+for partition 0 (what a destination of one partition always used) and the
+segment's name (``NAME/p``) for another partition, so each partition keeps
+its own groups. On open a named group resumes at its committed position and
+everything after it is delivered again; anonymous groups are not kept.
+Opening reads every retained event once to rebuild the byte totals
+(unpacking each envelope, but building no message: a few microseconds per
+message plus the read, under a second for 200 000 messages with headers and
+a source), then decodes the newest ``cache_bytes`` of them into the cache.
 
 Logical eviction (retention bound in ``Message.size``, as in
 :class:`~gateway.memlog.MemoryLog`) calls ``segment.truncate_before``; the
@@ -97,6 +101,7 @@ class DurableLog(LogDestination):
         overflow: Literal["block", "drop_oldest"] = "block",
         element_size: int | None = None,
         cache_bytes: int | None = None,
+        partition: int = 0,
     ) -> None:
         super().__init__(
             name,
@@ -104,9 +109,13 @@ class DurableLog(LogDestination):
             kind=kind,
             overflow=overflow,
             element_size=element_size,
+            partition=partition,
         )
         self.segment = segment
         self.store = store
+        #: Whose store state document keeps the groups (see the module docstring):
+        #: partition 0 keeps the name a destination of one partition always had.
+        self.state_owner = name if partition == 0 else segment.name
         self.cache_bytes = min(retain_bytes, CACHE_BYTES) if cache_bytes is None else cache_bytes
         self._holes: set[int] = set()
         #: Recent messages: ``_cache[o - _recent_base]`` for ``_recent_first <= o < tail``.
@@ -144,7 +153,9 @@ class DurableLog(LogDestination):
         receipt.add_legs(n)
         self.segment.when_durable(
             appended.end,
-            functools.partial(receipt.settle_stored, index, self.name, positions(first, first + n)),
+            functools.partial(
+                receipt.settle_stored, index, self.name, positions(first, first + n, self.partition)
+            ),
         )
 
     def _append(
@@ -339,18 +350,18 @@ class DurableLog(LogDestination):
 
     # -- the state document -------------------------------------------------------------------
     def _load_state(self) -> dict[str, Any]:
-        state = self.store.load_state(self.name)
+        state = self.store.load_state(self.state_owner)
         if state and state.get("version") != STATE_VERSION:
             log.warning(
                 "log %r: state version %r unknown; groups start afresh",
-                self.name,
+                self.state_owner,
                 state.get("version"),
             )
             return {}
         if not isinstance(state.get("first", 0), int) or not isinstance(
             state.get("groups", {}), dict
         ):
-            log.warning("log %r: malformed state document; groups start afresh", self.name)
+            log.warning("log %r: malformed state document; groups start afresh", self.state_owner)
             return {}
         return state
 
@@ -367,7 +378,7 @@ class DurableLog(LogDestination):
                     raise TypeError("a group's name is a string and its position an integer")
                 filter = Filter.from_json(raw) if raw is not None else None
             except (TypeError, KeyError, AttributeError, ValueError) as e:
-                log.warning("log %r: group %r not restored: %s", self.name, name, e)
+                log.warning("log %r: group %r not restored: %s", self.state_owner, name, e)
                 continue
             committed = min(max(committed, first), tail)
             if self.kind == "queue" and name != QUEUE_GROUP:
@@ -384,7 +395,7 @@ class DurableLog(LogDestination):
             if not g.anonymous
         }
         self.store.save_state(
-            self.name, {"version": STATE_VERSION, "first": self.first, "groups": groups}
+            self.state_owner, {"version": STATE_VERSION, "first": self.first, "groups": groups}
         )
 
     # -- life cycle -----------------------------------------------------------------------------
