@@ -40,6 +40,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from . import __version__
 from .destination import Destination
 from .logcore import LogDestination
+from .store.partitioned import PartitionedLog
 from .topic import Topic
 
 if TYPE_CHECKING:
@@ -533,7 +534,7 @@ class HubCollector:
             if isinstance(dest, Topic):
                 discarded.add_metric([name], dest.discarded)
                 rows = self._topic_groups(dest)
-            elif isinstance(dest, LogDestination):
+            elif isinstance(dest, LogDestination | PartitionedLog):
                 rows = self._log_groups(dest)
             else:
                 continue
@@ -584,15 +585,24 @@ class HubCollector:
             rows.append((group, held, nbytes, ratio(held, nbytes), g["members"], held - queued))
         yield from self._bounded(rows)
 
-    def _log_groups(self, log: LogDestination) -> Iterator[_Row]:
+    def _log_groups(self, log: LogDestination | PartitionedLog) -> Iterator[_Row]:
         stats: dict[str, Any] = log.stats()
         retained = stats["bytes"]
-        yield "", stats["messages"], retained, retained / log.retain_bytes, None, 0
-        tail = stats["next"]
-        rows: list[_Row] = [
-            (group, max(0, tail - g["committed"]), None, None, g["members"], g["unacked"])
-            for group, g in stats["groups"].items()
-        ]
+        if isinstance(log, PartitionedLog):
+            # Each partition is bounded by its own retain: the fullest one counts.
+            ratio = max(p.retained_bytes / p.retain_bytes for p in log.parts)
+            yield "", stats["messages"], retained, ratio, None, 0
+            rows: list[_Row] = [
+                (group, g["behind"], None, None, g["members"], g["unacked"])
+                for group, g in stats["groups"].items()
+            ]
+        else:
+            yield "", stats["messages"], retained, retained / log.retain_bytes, None, 0
+            tail = stats["next"]
+            rows = [
+                (group, max(0, tail - g["committed"]), None, None, g["members"], g["unacked"])
+                for group, g in stats["groups"].items()
+            ]
         yield from self._bounded(rows)
 
     def _bounded(self, rows: Iterable[_Row]) -> Iterator[_Row]:
@@ -626,4 +636,11 @@ def _counts(dest: Destination) -> tuple[int, int, int] | None:
         return dest.received, dest.delivered, dest.acked
     if isinstance(dest, LogDestination):
         return dest.tail, dest.delivered, dest.acked
+    if isinstance(dest, PartitionedLog):
+        parts = dest.parts
+        return (
+            sum(p.tail for p in parts),
+            sum(p.delivered for p in parts),
+            sum(p.acked for p in parts),
+        )
     return None

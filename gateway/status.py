@@ -18,11 +18,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from . import __version__
 from .destination import Destination
 from .logcore import LogDestination
+from .store.partitioned import PartitionedLog
 from .topic import Topic
 
 if TYPE_CHECKING:
@@ -156,6 +157,16 @@ def _counts(dest: Destination, stats: dict[str, Any]) -> dict[str, int]:
     return out
 
 
+def _log_parts(dest: Destination) -> list[LogDestination] | None:
+    """The logs a destination keeps: itself, each partition of a partitioned log, or
+    None for a destination that keeps no log."""
+    if isinstance(dest, LogDestination):
+        return [dest]
+    if isinstance(dest, PartitionedLog):
+        return list(dest.parts)
+    return None
+
+
 def readiness(gateway: Gateway) -> list[str]:
     """Why the gateway is not ready to take traffic; empty when it is.
 
@@ -263,6 +274,9 @@ def _backlog(dest: Destination, stats: dict[str, Any]) -> tuple[int, int | None]
         messages = max((dest.tail - g["committed"] for g in groups.values()), default=0)
         sizes = [g["backlog_bytes"] for g in groups.values() if "backlog_bytes" in g]
         return messages, max(sizes, default=0) if sizes or not groups else None
+    if isinstance(dest, PartitionedLog):
+        # The partitioned log's stats sum each group's "behind" over the partitions.
+        return max((g["behind"] for g in groups.values()), default=0), None
     return 0, None
 
 
@@ -309,27 +323,37 @@ def _destination(name: str, dest: Destination, stats: dict[str, Any]) -> dict[st
                     **({"filter": g["filter"]} if "filter" in g else {}),
                 }
             )
-    elif isinstance(dest, LogDestination):
+    elif (parts := _log_parts(dest)) is not None:
+        # A partitioned log shows its partitions summed (offsets count messages
+        # over all of them); "full" when any partition is.
         out["kind"] = "log"
+        first = parts[0]
         out["log"] = {
-            "first": dest.first,
-            "next": dest.tail,
-            "bytes": dest.retained_bytes,
-            "retain": dest.retain_bytes,
-            "overflow": dest.overflow,
-            "full": dest.retained_bytes >= dest.retain_bytes,
+            "first": sum(p.first for p in parts),
+            "next": sum(p.tail for p in parts),
+            "bytes": sum(p.retained_bytes for p in parts),
+            "retain": first.retain_bytes,
+            "overflow": first.overflow,
+            "full": any(p.retained_bytes >= p.retain_bytes for p in parts),
+            **({"partitions": len(parts)} if len(parts) > 1 else {}),
         }
-        for gname, g in groups.items():
+        part_groups: list[tuple[int, dict[str, dict[str, Any]]]] = (
+            [(first.tail, groups)]
+            if len(parts) == 1
+            else [(p.tail, cast("dict[str, dict[str, Any]]", p.stats()["groups"])) for p in parts]
+        )
+        for gname in dict.fromkeys(g for _, gs in part_groups for g in gs):
+            states = [(tail, gs[gname]) for tail, gs in part_groups if gname in gs]
             out["groups"].append(
                 {
                     "name": gname,
                     "anonymous": gname.startswith("~"),
-                    "queued": max(0, dest.tail - g["next"]),
-                    "unacked": g["unacked"],
-                    "behind": dest.tail - g["committed"],
-                    "committed": g["committed"],
-                    "members": g["members"],
-                    "dropped": g["dropped"],
+                    "queued": sum(max(0, tail - g["next"]) for tail, g in states),
+                    "unacked": sum(g["unacked"] for _, g in states),
+                    "behind": sum(tail - g["committed"] for tail, g in states),
+                    "committed": sum(g["committed"] for _, g in states),
+                    "members": max(g["members"] for _, g in states),
+                    "dropped": sum(g["dropped"] for _, g in states),
                 }
             )
     out.update(_counts(dest, stats))

@@ -498,11 +498,23 @@ async def test_a_gateway_spreads_a_partitioned_destination_over_its_segments(
     assert sorted(where(rest)) == sorted(where([d for d in got if d.position.offset >= 3]))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway/status.py takes every destination of kind 'log' for a LogDestination",
-)
-async def test_the_status_snapshot_shows_a_partitioned_destination(tmp_path: Path) -> None:
+async def test_status_and_metrics_show_a_partitioned_destination(tmp_path: Path) -> None:
     async with running_gateway(partitioned_config(), base_dir=tmp_path) as gw:
+        sub = gw.hub.subscribe("events", "readers")
+        await gw.hub.publish([Message("events", b"e%d" % i, {"host": "h%d" % i}) for i in range(9)])
+        with trio.fail_after(10):
+            got = []
+            while len(got) < 9:
+                got += await sub.receive()
+        sub.ack_many(d.tag for d in got[:4])
         status = snapshot(gw)
-    assert [d["kind"] for d in status["destinations"] if d["name"] == "events"] == ["log"]
+        exposition = gw.metrics.exposition().decode()
+    (events,) = [d for d in status["destinations"] if d["name"] == "events"]
+    assert events["kind"] == "log"
+    assert (events["log"]["partitions"], events["log"]["next"]) == (3, 9)
+    (readers,) = [g for g in events["groups"] if g["name"] == "readers"]
+    assert (readers["unacked"], readers["behind"]) == (5, 5)
+    assert 'interchange_destination_messages_in_total{destination="events"} 9.0' in exposition
+    assert (
+        'interchange_group_unacked_messages{destination="events",group="readers"} 5.0' in exposition
+    )
