@@ -359,7 +359,10 @@ class Store:
             if self.fsync_interval > 0:
                 await trio.sleep_until(last + self.fsync_interval)
             last = trio.current_time()
-            await self._commit(sync_data=self.fsync != "never")
+            # Shielded: a commit that took the pending work must finish it, or a close
+            # arriving meanwhile would find that work neither done nor pending.
+            with trio.CancelScope(shield=True):
+                await self._commit(sync_data=self.fsync != "never")
 
     async def _commit(self, *, sync_data: bool, everything: bool = False) -> None:
         """One group commit: sync what was written (if ``sync_data``), write pending

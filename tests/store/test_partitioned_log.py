@@ -501,7 +501,7 @@ async def test_a_gateway_spreads_a_partitioned_destination_over_its_segments(
 async def test_status_and_metrics_show_a_partitioned_destination(tmp_path: Path) -> None:
     async with running_gateway(partitioned_config(), base_dir=tmp_path) as gw:
         sub = gw.hub.subscribe("events", "readers")
-        await gw.hub.publish([Message("events", b"e%d" % i, {"host": "h%d" % i}) for i in range(9)])
+        await gw.hub.publish([Message("events", b"e%d" % i, {"host": f"h{i}"}) for i in range(9)])
         with trio.fail_after(10):
             got = []
             while len(got) < 9:

@@ -136,3 +136,15 @@ async def test_close_makes_everything_durable(tmp_path: Path) -> None:
         segment.when_durable(end, lambda: called.append(end))
     assert called == [end]
     assert segment.durable_end == end
+
+
+@pytest.mark.parametrize("fsync", ["never", "interval", "always"])
+async def test_a_state_saved_just_before_close_is_kept(tmp_path: Path, fsync: str) -> None:
+    # The committer takes the pending state as the close arrives: it must still be
+    # written (by that commit or the final one), not lost between the two.
+    for round_ in range(5):
+        async with Store.open(tmp_path, fsync=fsync) as store:  # type: ignore[arg-type]
+            await trio.sleep(0.01)  # the committer is idle, waiting for work
+            store.save_state("owner", {"round": round_})
+        async with Store.open(tmp_path) as store:
+            assert store.load_state("owner") == {"round": round_}
