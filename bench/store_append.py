@@ -19,7 +19,6 @@ reopened). Self-check: every event comes back, in order, byte for byte
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import struct
 import tempfile
@@ -31,6 +30,7 @@ import trio
 from gateway.store import RecordFormat, Store, frame_events
 
 from . import Result, int_at_least, register
+from ._disk import drop_page_cache, sequential_write
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,22 +50,6 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         "--read-bytes", type=int_at_least(1), default=2**20, help="max_bytes of a read_events"
     )
     parser.add_argument("--dir", help="where to write (default: a new temporary directory)")
-
-
-def _baseline(directory: Path, record: bytes, total: int) -> float:
-    """dd conv=fsync: seconds to write ``total`` bytes in records and fsync them."""
-    path = directory / "dd.bin"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        t0 = time.perf_counter()
-        written = 0
-        while written < total:
-            written += os.write(fd, record)
-        os.fsync(fd)
-        return time.perf_counter() - t0
-    finally:
-        os.close(fd)
-        path.unlink()
 
 
 class _Records:
@@ -147,16 +131,6 @@ async def _write(args: argparse.Namespace, directory: Path, result: Result) -> d
     }
 
 
-def _drop_cache(directory: Path) -> None:
-    """Evict the store's data from the page cache: the next read comes from the disk."""
-    for path in directory.rglob("*.data"):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 async def _read(
     args: argparse.Namespace, directory: Path, result: Result, cold: bool
 ) -> tuple[float, int, int]:
@@ -202,13 +176,12 @@ def run(args: argparse.Namespace) -> Result:
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="store-bench-"))
     base.mkdir(parents=True, exist_ok=True)
     directory = base / "store"
-    record = bytes(args.record_bytes)
     try:
-        dd = [_baseline(base, record, args.bytes)]
+        dd = [sequential_write(base, args.bytes, args.record_bytes)]
         written = trio.run(_write, args, directory, result)
-        dd.append(_baseline(base, record, args.bytes))
+        dd.append(sequential_write(base, args.bytes, args.record_bytes))
         warm = trio.run(_read, args, directory, result, False)
-        _drop_cache(directory)
+        drop_page_cache(directory)
         cold = trio.run(_read, args, directory, result, True)
     finally:
         shutil.rmtree(directory, ignore_errors=True)

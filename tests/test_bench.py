@@ -43,6 +43,8 @@ def test_bench_lists_its_benchmarks() -> None:
         ("ndjson-calls", "calls replied", ()),
         ("ndjson-calls", "calls replied", ("--concurrency", "1")),
         ("lumberjack", "acked events", ()),
+        ("segment-append", "acked / raw", ("--read", "warm")),
+        ("segment-append", "acked / raw", ("--client", "replay", "--writers", "2", "--shared")),
     ],
 )
 def test_a_short_run_passes_its_self_checks(
