@@ -690,22 +690,12 @@ class LogSubscription(Subscription):
         return g.cursor >= end and not (g.redeliver and g.redeliver[0] < end)
 
     async def receive(self, max_count: int | None = None) -> list[Delivery]:
-        g = self._group
+        waiters = self._group.waiters
         while True:
-            if self._closed:
-                raise trio.ClosedResourceError("subscription closed")
-            if self._ended:
-                raise EndOfStream(f"read of {self.destination!r} ended at offset {self._end}")
-            n = self._room()
-            if max_count is not None:
-                n = min(n, max_count)
-            out = self._take(n)
+            out = self.take(max_count)
             if out:
                 return out
-            if self._finished():
-                self._ended = True
-                continue
-            await g.waiters.park()
+            await waiters.park()
 
     def take(self, max_count: int | None = None, *, shared_bytes: int = 0) -> list[Delivery]:
         """What :meth:`receive` would return now, without waiting: [] where it would wait.
