@@ -27,7 +27,7 @@ import trio
 
 from .chunk import Chunk
 from .layout import ZERO_UUID, chunk_paths, crc32, pack_entry
-from .records import EVENT_HEADER, RecordFormat, event_offsets
+from .records import EVENT_HEADER, RecordFormat, count_events, event_offsets
 
 if TYPE_CHECKING:
     from .store import Store
@@ -133,7 +133,7 @@ class Segment:
             raise trio.ClosedResourceError(f"the store of segment {self.name!r} is closed")
         if count < 1:
             raise ValueError(f"an append holds at least one event, not {count}")
-        found = len(event_offsets(data))
+        found = count_events(data)
         if found != count:
             raise ValueError(f"the data frames {found} events, not {count}")
         if (writer is None) != (last_event_number is None):
