@@ -83,9 +83,10 @@ class Catalog:
         spec = self.spec(name)
         if spec is None:
             return None
+        log: Destination
         if spec.store is not None:
-            return self._durable(name, spec)
-        if spec.retain is not None:
+            log = self._durable(name, spec)
+        elif spec.retain is not None:
             log = MemoryLog(
                 name,
                 retain_bytes=spec.retain,
@@ -93,17 +94,18 @@ class Catalog:
                 overflow=spec.overflow,
                 element_size=spec.element_size,
             )
-            for group in spec.groups:
-                log.declare_group(group)
-            return log
-        limits = TopicLimits(
-            spec.buffer_bytes or self._defaults.max_bytes,
-            spec.buffer_messages or self._defaults.max_messages,
-            self._defaults.budget,
-        )
-        return Topic(
-            name, limits, kind=spec.kind, element_size=spec.element_size, groups=spec.groups
-        )
+        else:
+            limits = TopicLimits(
+                spec.buffer_bytes or self._defaults.max_bytes,
+                spec.buffer_messages or self._defaults.max_messages,
+                self._defaults.budget,
+            )
+            return Topic(
+                name, limits, kind=spec.kind, element_size=spec.element_size, groups=spec.groups
+            )
+        for group in spec.groups:
+            log.declare_group(group)
+        return log
 
     def _durable(self, name: str, spec: DestinationSpec) -> Destination:
         """A durable log in the store: one segment per partition, ``NAME/0`` … , each
@@ -136,12 +138,9 @@ class Catalog:
             for part in parts:  # they follow their segments: stop that
                 part.close()
             raise
-        log: Destination = parts[0]
         if len(parts) > 1:
-            log = PartitionedLog(name, parts, partition_key=spec.partition_key)
-        for group in spec.groups:
-            log.declare_group(group)
-        return log
+            return PartitionedLog(name, parts, partition_key=spec.partition_key)
+        return parts[0]
 
     def names(self) -> list[str]:
         """The entries that name one destination (no glob): created at start-up."""
