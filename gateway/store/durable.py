@@ -142,7 +142,7 @@ class DurableLog(LogDestination):
         data = frame_events(encode_many(messages, time.time()))
         self._appending = True
         try:
-            appended = self.segment.append(data, n, format=_ENVELOPE)
+            appended = self.segment.append(data, n, format=_ENVELOPE, verified=True)
         finally:
             self._appending = False
         if appended.first_event != first:

@@ -123,19 +123,27 @@ class Segment:
         format: RecordFormat = RecordFormat.RAW,
         writer: uuid.UUID | None = None,
         last_event_number: int | None = None,
+        verified: bool = False,
     ) -> Appended:
         """Write one record: ``data`` must be exactly ``count`` >= 1 event-framed events
         (else ValueError and nothing is written). Written to the OS at once, durable
         later; observers are called before it returns. ``writer`` and
         ``last_event_number`` (both or neither) update that writer's ledger entry, which
-        becomes durable with the record. trio.ClosedResourceError once the store closed."""
+        becomes durable with the record. trio.ClosedResourceError once the store closed.
+
+        ``verified=True`` says the caller has already walked the framing and counted
+        ``count`` events (the segment-append codec does, and so does a writer that framed
+        the events itself); the walk is then not repeated, which on the append path of
+        1 KiB events is about a fifth of the gateway's time. Wrong framing stored this way
+        reads back as a corrupt record, never as other events."""
         if self._closed:
             raise trio.ClosedResourceError(f"the store of segment {self.name!r} is closed")
         if count < 1:
             raise ValueError(f"an append holds at least one event, not {count}")
-        found = count_events(data)
-        if found != count:
-            raise ValueError(f"the data frames {found} events, not {count}")
+        if not verified:
+            found = count_events(data)
+            if found != count:
+                raise ValueError(f"the data frames {found} events, not {count}")
         if (writer is None) != (last_event_number is None):
             raise ValueError("writer and last_event_number go together")
         store = self._store

@@ -23,9 +23,11 @@ connection (numbers, unacked events), and one connection's session.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import logging
+import operator
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -203,30 +205,89 @@ OnAcked = Callable[[str, UUID, list[tuple[Any, int]], int], None]
 OnRefused = Callable[[str, list[Any], SegmentError], None]
 
 
-class _Event:
-    __slots__ = ("number", "payload", "token")
+class _Run:
+    """Events added together (one ``add``): kept, numbered and acked as a run, so that
+    a writer's bookkeeping costs a few operations per run rather than per event."""
 
-    def __init__(self, payload: bytes, token: Any) -> None:
-        self.payload = payload
-        self.token = token
-        #: 0 until first sent; kept for every resend.
-        self.number = 0
+    __slots__ = ("ends", "first", "marks", "payloads", "tokens")
+
+    def __init__(self, payloads: list[bytes], ends: list[int], tokens: Sequence[Any]) -> None:
+        self.payloads = payloads
+        #: ends[k]: payload bytes of events 0..k of the run (for byte windows).
+        self.ends = ends
+        #: The events that have a token (positions in the run, rising), and their tokens.
+        n = len(payloads)
+        self.marks = list(
+            itertools.compress(range(n), map(operator.is_not, tokens[:n], itertools.repeat(None)))
+        )
+        self.tokens = [tokens[k] for k in self.marks]
+        #: The number of payloads[0]: 0 until the run is first sent, then kept for
+        #: every resend (the whole run is numbered at once, consecutively).
+        self.first = 0
+
+    def nbytes(self, start: int, stop: int) -> int:
+        """Payload bytes of events ``start..stop-1``."""
+        ends = self.ends
+        return ends[stop - 1] - (ends[start - 1] if start else 0) if stop > start else 0
+
+    def marked(self, start: int, stop: int) -> list[tuple[Any, int]]:
+        """``(token, event number)`` of the events ``start..stop-1`` that have a token."""
+        a = bisect.bisect_left(self.marks, start)
+        b = bisect.bisect_left(self.marks, stop, a)
+        first = self.first
+        return [(self.tokens[i], first + self.marks[i]) for i in range(a, b)]
 
 
 class Lane:
-    """One segment's writer: its events not acked yet, oldest first."""
+    """One segment's writer: its events not acked yet, oldest first, in runs."""
 
-    __slots__ = ("events", "name", "next_number", "sent", "sent_bytes", "writer_id")
+    __slots__ = (
+        "at",
+        "count",
+        "cursor",
+        "head",
+        "high",
+        "name",
+        "nbytes",
+        "next_number",
+        "runs",
+        "sent",
+        "sent_bytes",
+        "writer_id",
+    )
 
     def __init__(self, name: str, writer_id: UUID) -> None:
         self.name = name
         self.writer_id = writer_id
-        self.events: deque[_Event] = deque()
+        self.runs: deque[_Run] = deque()
+        #: Events of ``runs[0]`` already acked (dropped from the front).
+        self.head = 0
+        #: Events (and their payload bytes) not acked.
+        self.count = 0
+        self.nbytes = 0
         #: Events at the front sent on the current connection (and not acked), and
         #: their payload bytes.
         self.sent = 0
         self.sent_bytes = 0
+        #: Where the next event to send is: ``runs[cursor]``, event ``at``.
+        self.cursor = 0
+        self.at = 0
         self.next_number = 1
+        #: The highest event number ever sent (what is sent again counts as resent).
+        self.high = 0
+
+    def rewind(self) -> None:
+        """Nothing is sent on the connection now: the next send starts at the front."""
+        self.sent = self.sent_bytes = 0
+        self.cursor, self.at = 0, self.head
+
+    def tokens(self) -> list[Any]:
+        """The tokens of the events not acked."""
+        out: list[Any] = []
+        for i, run in enumerate(self.runs):
+            start = bisect.bisect_left(run.marks, self.head) if i == 0 else 0
+            out += run.tokens[start:]
+        return out
 
 
 class Appender:
@@ -281,6 +342,10 @@ class Appender:
             self.events + events <= self.max_events and self.bytes + nbytes <= self.max_bytes
         )
 
+    def room(self) -> tuple[int, int]:
+        """How many events and payload bytes the window has room for now."""
+        return self.max_events - self.events, self.max_bytes - self.bytes
+
     async def wait_for_room(self, events: int = 1, nbytes: int = 0) -> None:
         while not self.has_room(events, nbytes):
             await self._room.park()
@@ -292,41 +357,67 @@ class Appender:
 
     def add(self, segment: str, payloads: Sequence[bytes], tokens: Sequence[Any] = ()) -> None:
         """Queue ``payloads`` for ``segment`` (``tokens`` in step, or none), without waiting."""
-        for payload in payloads:
-            if len(payload) > MAX_EVENT_PAYLOAD:
-                raise ValueError(f"an event of {len(payload)} bytes exceeds {MAX_EVENT_PAYLOAD}")
+        if not payloads:
+            return
+        payloads = list(payloads)
+        sizes = list(map(len, payloads))
+        if max(sizes) > MAX_EVENT_PAYLOAD:
+            raise ValueError(f"an event of {max(sizes)} bytes exceeds {MAX_EVENT_PAYLOAD}")
+        ends = list(itertools.accumulate(sizes))
+        n = len(payloads)
         lane = self.lane(segment)
-        append = lane.events.append
-        for payload, token in itertools.zip_longest(payloads, tokens[: len(payloads)]):
-            append(_Event(payload, token))
-            self.bytes += len(payload)
-        self.events += len(payloads)
+        lane.runs.append(_Run(payloads, ends, tokens))
+        lane.count += n
+        lane.nbytes += ends[-1]
+        self.events += n
+        self.bytes += ends[-1]
         if self.changed:
             self.changed.unpark_all()
 
     def fail_all(self, error: BaseException) -> list[Any]:
         """Drop every event; the tokens of those not acked."""
-        tokens = [e.token for lane in self.lanes.values() for e in lane.events if e.token]
+        tokens = [t for lane in self.lanes.values() for t in lane.tokens()]
         self.lanes.clear()
         self.events = self.bytes = self.in_flight = 0
         self._room.unpark_all()
         return tokens
 
     # -- the session's side -----------------------------------------------------------------
-    def take(self, lane: Lane, max_events: int, max_bytes: int) -> list[_Event]:
-        """Events to send next (numbered now if new), at most ``max_events``/``max_bytes``."""
-        out: list[_Event] = []
-        size = resent = 0
-        for event in itertools.islice(lane.events, lane.sent, lane.sent + max_events):
-            if out and size + len(event.payload) > max_bytes:
+    def take(self, lane: Lane, max_events: int, max_bytes: int) -> tuple[list[bytes], int]:
+        """Events to send next (numbered now if new), at most ``max_events``/``max_bytes``
+        (at least one, if any is left): their payloads and the last one's number."""
+        out: list[bytes] = []
+        size = 0
+        last = 0
+        resent = 0
+        runs = lane.runs
+        i, at = lane.cursor, lane.at
+        while i < len(runs) and len(out) < max_events:
+            run = runs[i]
+            n = len(run.payloads)
+            stop = min(n, at + max_events - len(out))
+            if size + run.nbytes(at, stop) > max_bytes:
+                # As many as the bytes allow (at least one in all).
+                base = run.ends[at - 1] if at else 0
+                stop = bisect.bisect_right(run.ends, base + max_bytes - size, at, stop)
+                if stop == at and not out:
+                    stop = at + 1
+                if stop == at:
+                    break
+            if not run.first:
+                run.first = lane.next_number
+                lane.next_number += n
+            first, last = run.first + at, run.first + stop - 1
+            if first <= lane.high:
+                resent += min(last, lane.high) - first + 1
+            lane.high = max(lane.high, last)
+            out += run.payloads[at:stop]
+            size += run.nbytes(at, stop)
+            if stop < n:
+                at = stop
                 break
-            if event.number:
-                resent += 1
-            else:
-                event.number = lane.next_number
-                lane.next_number += 1
-            size += len(event.payload)
-            out.append(event)
+            i, at = i + 1, 0
+        lane.cursor, lane.at = i, at
         lane.sent += len(out)
         lane.sent_bytes += size
         self.in_flight += len(out)
@@ -334,14 +425,14 @@ class Appender:
             self.resent += resent
             if self.on_resend is not None:
                 self.on_resend(resent)
-        return out
+        return out, last
 
     def set_up(self, lane: Lane, last_event_number: int) -> None:
         """The server stored the lane's events up to ``last_event_number`` (durably):
         they are acked; the rest are sent again, with their numbers."""
         last = max(last_event_number, 0)  # Long.MIN_VALUE (or a draft peer's 0): none
         self.in_flight -= lane.sent
-        lane.sent = lane.sent_bytes = 0
+        lane.rewind()
         self._pop(lane, last, -1)
         lane.next_number = max(lane.next_number, last + 1)
 
@@ -350,20 +441,39 @@ class Appender:
         self.in_flight -= self._pop(lane, event_number, offset)
 
     def _pop(self, lane: Lane, last: int, offset: int) -> int:
-        events = lane.events
+        """Drop the lane's events numbered up to ``last``; how many."""
+        runs = lane.runs
         acked: list[tuple[Any, int]] = []
         count = size = 0
-        while events and 0 < events[0].number <= last:
-            event = events.popleft()
-            count += 1
-            size += len(event.payload)
-            if event.token is not None:
-                acked.append((event.token, event.number))
+        while runs:
+            run = runs[0]
+            head = lane.head
+            if not run.first or run.first + head > last:
+                break
+            n = len(run.payloads)
+            stop = min(n, last - run.first + 1)
+            count += stop - head
+            size += run.nbytes(head, stop)
+            if run.marks:
+                acked += run.marked(head, stop)
+            if stop < n:
+                lane.head = stop
+                if lane.cursor == 0 and lane.at < stop:
+                    lane.at = stop
+                break
+            runs.popleft()
+            lane.head = 0
+            if lane.cursor:
+                lane.cursor -= 1
+            else:
+                lane.at = 0
         if not count:
             return 0
         if lane.sent:
             lane.sent -= count
             lane.sent_bytes -= size
+        lane.count -= count
+        lane.nbytes -= size
         self.events -= count
         self.bytes -= size
         if self._room:
@@ -378,19 +488,20 @@ class Appender:
             raise error
         if self.lanes.get(lane.name) is lane:
             del self.lanes[lane.name]
-        self.events -= len(lane.events)
-        self.bytes -= sum(len(e.payload) for e in lane.events)
+        self.events -= lane.count
+        self.bytes -= lane.nbytes
         self.in_flight -= lane.sent
-        tokens = [e.token for e in lane.events if e.token is not None]
-        lane.events.clear()
-        lane.sent = lane.sent_bytes = 0
+        tokens = lane.tokens()
+        lane.runs.clear()
+        lane.head = lane.count = lane.nbytes = 0
+        lane.rewind()
         self._room.unpark_all()
         self.on_refused(lane.name, tokens, error)
 
     def disconnected(self) -> None:
         """The connection ended: nothing is in flight any more (all is resent)."""
         for lane in self.lanes.values():
-            lane.sent = lane.sent_bytes = 0
+            lane.rewind()
         self.in_flight = 0
 
 
@@ -518,7 +629,7 @@ class AppendSession(Session):
         for lane in list(self.appender.lanes.values()):
             if lane.writer_id in self._ready or lane.name in self._setting_up:
                 continue
-            if not lane.events:
+            if not lane.count:
                 continue
             self._owe()
             rid = next(self._ids)
@@ -535,7 +646,7 @@ class AppendSession(Session):
             self._set_up_new_lanes()
             sent = False
             for lane in list(self._ready.values()):
-                if lane.sent >= len(lane.events):
+                if lane.sent >= lane.count:
                     continue
                 await self.write_when_room(b"")  # bytes are made only once they can go out
                 if appender.lanes.get(lane.name) is not lane:
@@ -545,18 +656,11 @@ class AppendSession(Session):
                 # block, an event with nothing in flight goes out at once, and a block
                 # closed early wastes little padding.
                 block_size = min(settings.block_size, lane.sent_bytes)
-                events = appender.take(lane, _BATCH_EVENTS, _BATCH_BYTES)
-                if not events:
+                payloads, last = appender.take(lane, _BATCH_EVENTS, _BATCH_BYTES)
+                if not payloads:
                     continue
                 self._owe()
-                self.write(
-                    codec.append(
-                        lane.writer_id,
-                        [e.payload for e in events],
-                        events[-1].number,
-                        block_size=block_size,
-                    )
-                )
+                self.write(codec.append(lane.writer_id, payloads, last, block_size=block_size))
                 self._arm()
                 sent = True
                 if codec.block_open:
@@ -742,28 +846,29 @@ class SegmentWriter:
 
     async def append_many(self, segment: str, payloads: Sequence[bytes]) -> Acked | None:
         """Append events in order; return once the server acknowledged the last
-        (the :class:`Acked` of the last one; None for no payloads)."""
+        (the :class:`Acked` of the last one; None for no payloads).
+
+        Events are handed over in chunks of as many as the window has room for
+        (at least one, at most 1000), each sliced from ``payloads`` once."""
         last: PendingAppend | None = None
         appender = self.appender
+        total = len(payloads)
         i = 0
-        while i < len(payloads):
+        while i < total:
             self._check_open()
-            await appender.wait_for_room()
+            size = len(payloads[i])
+            await appender.wait_for_room(1, size)
             self._check_open()
-            # As many as fit in the window now (at least one).
-            j = i + 1
-            nbytes = len(payloads[i])
-            while (
-                j < len(payloads)
-                and j - i < _BATCH_EVENTS
-                and appender.has_room(j - i + 1, nbytes + len(payloads[j]))
-            ):
-                nbytes += len(payloads[j])
-                j += 1
+            events, nbytes = appender.room()
+            # Slice as many as the room allows if the rest are the size of this one;
+            # then keep those that fit (at least one: it had room, or the window is empty).
+            n = min(total - i, _BATCH_EVENTS, max(events, 1), max(nbytes // max(size, 1), 1))
+            chunk = list(payloads[i : i + n])
+            fit = bisect.bisect_right(list(itertools.accumulate(map(len, chunk))), nbytes)
+            del chunk[max(fit, 1) :]
             last = PendingAppend()
-            chunk = payloads[i:j]
             appender.add(segment, chunk, [None] * (len(chunk) - 1) + [last])
-            i = j
+            i += len(chunk)
         return await last.wait() if last is not None else None
 
     async def flush(self) -> None:

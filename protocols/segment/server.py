@@ -67,6 +67,11 @@ log = logging.getLogger(__name__)
 MAX_PENDING_BLOCKS = 4096
 #: Reads held at the tail at once per connection; a further one waits (reading pauses).
 MAX_HELD_READS = 256
+#: Bytes asked of the socket per read. Appends arrive as blocks of 256 KiB or more
+#: (a writer's ``block_size``, up to the 8 MiB command limit): reading them in
+#: 64 KiB pieces cost a scheduler round and a cancel scope per piece, about a sixth
+#: of the listener's time (docs/performance.md, "Segment store").
+RECEIVE_SIZE = 1 << 20
 #: ``ErrorMessage.error_code`` for an argument the server refuses (Pravega's ILLEGAL_ARGUMENT).
 ILLEGAL_ARGUMENT = 0
 
@@ -141,6 +146,7 @@ class ServerSession(Session):
             ordered=True,
             unit_timeout=settings.unit_timeout,
             write_timeout=settings.write_timeout,
+            receive_size=RECEIVE_SIZE,
         )
         self.store = store
         self.settings = settings
@@ -257,6 +263,7 @@ class ServerSession(Session):
                 append.event_count,
                 writer=append.writer_id,
                 last_event_number=append.last_event_number,
+                verified=True,  # the codec counted its frames (assemble)
             )
         except trio.ClosedResourceError:
             raise NotKept("the store is closed") from None

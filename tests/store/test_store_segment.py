@@ -88,6 +88,27 @@ async def test_bad_appends_write_nothing(tmp_path: Path, data: bytes, count: int
         assert segment.read(0, 100) == b""
 
 
+async def test_verified_append_skips_the_walk_and_bad_framing_reads_as_corrupt(
+    tmp_path: Path,
+) -> None:
+    # The caller vouches for the framing: a wrong count is stored, not refused, and
+    # reads never make other events of it; the records around it are unharmed.
+    async with Store.open(tmp_path) as store:
+        segment = store.segment("s")
+        assert segment is not None
+        segment.append(events(b"a"), 1, verified=True)
+        segment.append(events(b"b", b"c"), 3, verified=True)  # frames 2, says 3
+        segment.append(events(b"d") + b"\0", 1, verified=True)  # a byte left over
+        segment.append(events(b"e"), 1, verified=True)
+        assert segment.next_event == 6
+        assert segment.read_events(0, 10, 1000) == [
+            (RecordFormat.RAW, b"a"),
+            *[(RecordFormat.CORRUPT, b"")] * 4,
+            (RecordFormat.RAW, b"e"),
+        ]
+        assert segment.stats()["corrupt_records"] == 2
+
+
 async def test_chunks_roll_and_reads_cross_them(tmp_path: Path) -> None:
     payloads = [b"%03d" % i for i in range(30)]
     async with Store.open(tmp_path, chunk_bytes=50) as store:
