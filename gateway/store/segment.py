@@ -437,8 +437,8 @@ class Segment:
         return True
 
     def drop_chunks(self, chunks: list[Chunk], moved: bool) -> None:
-        """The committer deleted these oldest chunks' files (after :meth:`retire`): forget
-        them and, if the start moved, tell the observers."""
+        """These oldest chunks are gone (after :meth:`retire`; the store deletes their
+        files): forget them and, if the start moved, tell the observers."""
         if not chunks:
             return
         del self._chunks[: len(chunks)]

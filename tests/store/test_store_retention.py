@@ -4,6 +4,7 @@ outlives deleted records, and state documents."""
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -14,6 +15,7 @@ import trio
 import trio.testing
 
 from gateway.store import SegmentTruncated, Store, frame_events
+from gateway.store import store as store_module
 from gateway.store.store import SWEEP_SECONDS
 
 #: One record: two events of 41 payload bytes, 98 bytes framed.
@@ -50,8 +52,9 @@ async def test_retention_by_size(tmp_path: Path, autojump_clock: trio.testing.Mo
         for _ in range(10):  # two records a chunk: five chunks of 196 bytes
             segment.append(RECORD, 2)
         assert len(data_files(tmp_path)) == 5
-        await until(lambda: bool(truncated))  # the observers hear once the files are gone
+        await until(lambda: bool(truncated))  # the observers hear once the chunks are released
         assert trio.current_time() >= SWEEP_SECONDS
+        await until(lambda: store.stats()["chunks_deleted"] == 3)  # the unlinker's work
         # 980 bytes > 500: the oldest chunks go until what is left fits.
         assert len(data_files(tmp_path)) == 2
         assert (segment.first_event, segment.start) == (12, 3 * 196)
@@ -68,6 +71,60 @@ async def test_retention_by_size(tmp_path: Path, autojump_clock: trio.testing.Mo
         segment = store.segment("s", create=False)
         assert segment is not None
         assert (segment.first_event, segment.start, segment.next_event) == (12, 588, 20)
+
+
+async def test_commits_do_not_wait_for_released_chunk_files_to_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Unlinking big chunk files is slow; appends must become durable meanwhile.
+    release = threading.Event()
+    unlink = store_module._unlink_chunks
+
+    def slow_unlink(directory: Path, chunks: list[store_module.Chunk]) -> None:
+        release.wait(30)
+        unlink(directory, chunks)
+
+    monkeypatch.setattr(store_module, "_unlink_chunks", slow_unlink)
+    try:
+        async with Store.open(tmp_path, fsync="always", chunk_bytes=200, retain_bytes=500) as store:
+            segment = store.segment("s")
+            assert segment is not None
+            for _ in range(10):  # five chunks of 196 bytes
+                segment.append(RECORD, 2)
+            assert store.sweep() == {"s": 12}
+            await finished(lambda: segment.first_event == 12)  # released by the committer
+            assert len(data_files(tmp_path)) == 5  # the unlinker is still at it
+            appended = segment.append(RECORD, 2)
+            with trio.fail_after(10):
+                await segment.durable(appended.end)
+            assert store.stats()["chunks_deleted"] == 0
+            release.set()
+            await finished(lambda: store.stats()["chunks_deleted"] == 3)
+            assert len(data_files(tmp_path)) == 3  # the two kept and a new active one
+    finally:
+        release.set()
+
+
+async def test_chunk_files_a_crash_left_behind_are_deleted_after_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as patch:
+        # The process dies after the meta snapshot and before the files went.
+        patch.setattr(store_module, "_unlink_chunks", lambda directory, chunks: None)
+        async with Store.open(tmp_path, fsync="always", chunk_bytes=200, retain_bytes=500) as store:
+            segment = store.segment("s")
+            assert segment is not None
+            for _ in range(10):
+                segment.append(RECORD, 2)
+            store.sweep()
+            await finished(lambda: segment.first_event == 12)
+        assert len(data_files(tmp_path)) == 5
+    async with Store.open(tmp_path, fsync="always", chunk_bytes=200) as store:
+        segment = store.segment("s", create=False)
+        assert segment is not None
+        await finished(lambda: store.stats()["chunks_deleted"] == 3)
+        assert len(data_files(tmp_path)) == 2
+        assert (segment.first_event, segment.start, segment.next_event) == (12, 3 * 196, 20)
 
 
 async def test_the_active_chunk_is_never_deleted(
