@@ -1,0 +1,144 @@
+"""ttrpc's message frame: a 10-byte header and up to 4 MiB of data.
+
+``[u32 data length][u32 stream id][u8 type][u8 flags][data]``, big-endian
+(containerd/ttrpc ``channel.go``). :class:`FrameReader` cuts received bytes
+into :class:`Frame` events without I/O. A frame whose declared length is
+over :data:`MAX_DATA` is never buffered: the reader reports it as
+:class:`Oversize` at once and skips its data as it arrives, and the
+connection goes on, as Go's server does (it answers RESOURCE_EXHAUSTED on
+that stream and keeps the connection).
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from gateway.errors import LocalProtocolError
+from gateway.protocol import NEED_DATA, ConnectionClosed, NeedData
+from gateway.protocol.buffer import ReceiveBuffer
+
+__all__ = [
+    "HEADER",
+    "MAX_DATA",
+    "Flags",
+    "Frame",
+    "FrameReader",
+    "MessageType",
+    "Oversize",
+    "encode_frame",
+]
+
+#: Data length, stream id, message type, flags.
+HEADER: Final = struct.Struct(">IIBB")
+#: The largest data a frame may carry (``messageLengthMax``); exactly this is accepted.
+MAX_DATA: Final = 4 << 20
+#: The largest stream id (ids are unsigned 32-bit).
+MAX_STREAM_ID: Final = 2**32 - 1
+
+
+class MessageType(enum.IntEnum):
+    REQUEST = 0x01
+    RESPONSE = 0x02
+    DATA = 0x03
+
+
+class Flags(enum.IntFlag):
+    """Flags of Request and Data frames (a Response has none)."""
+
+    NONE = 0
+    #: Request: non-unary, the client sends no data. Data: the sender's last.
+    REMOTE_CLOSED = 0x01
+    #: Request: non-unary, the client goes on sending Data.
+    REMOTE_OPEN = 0x02
+    #: Data (and ttrpc-rust's Request): the frame carries no message, not even an empty one.
+    NO_DATA = 0x04
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One whole frame. ``type`` stays an int: unknown types are for the caller to
+    ignore (Go's server does), not an error here."""
+
+    stream_id: int
+    type: int
+    flags: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Oversize:
+    """A frame declared ``length`` > :data:`MAX_DATA` bytes; its data is skipped, not read."""
+
+    stream_id: int
+    type: int
+    flags: int
+    length: int
+
+
+def encode_frame(stream_id: int, type: int, flags: int, data: bytes = b"") -> bytes:
+    """The bytes of one frame; LocalProtocolError for data over :data:`MAX_DATA` or a
+    field out of range (never sent, as Go >= 1.2.6 refuses oversize sends)."""
+    if len(data) > MAX_DATA:
+        raise LocalProtocolError(
+            f"message length {len(data)} exceed maximum message size of {MAX_DATA}"
+        )
+    if not 0 <= stream_id <= MAX_STREAM_ID or not 0 <= type <= 255 or not 0 <= flags <= 255:
+        raise LocalProtocolError(
+            f"frame fields out of range: id {stream_id} type {type} flags {flags}"
+        )
+    return HEADER.pack(len(data), stream_id, type, flags) + data
+
+
+class FrameReader:
+    """Received bytes in, :class:`Frame` / :class:`Oversize` events out.
+
+    Feed with :meth:`receive_data` (``b""``: the peer closed its side); call
+    :meth:`next_event` until it returns :data:`NEED_DATA`. After the end of
+    input it returns :class:`ConnectionClosed` (a partial frame is dropped).
+    """
+
+    def __init__(self, max_data: int = MAX_DATA) -> None:
+        self.max_data = max_data
+        self._buffer = ReceiveBuffer()
+        #: Bytes of an oversize frame's data still to skip.
+        self._skip = 0
+
+    @property
+    def held_bytes(self) -> int:
+        """Received bytes not yet returned (a partial frame), skipped data excluded."""
+        return len(self._buffer)
+
+    @property
+    def skipping(self) -> int:
+        """Bytes of an oversize frame's data still to come and be dropped."""
+        return self._skip
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        self._buffer.feed(data)
+
+    def next_event(self) -> Frame | Oversize | ConnectionClosed | NeedData:
+        buf = self._buffer
+        if self._skip:
+            dropped = min(self._skip, len(buf))
+            self._skip -= dropped
+            buf.advance(buf.pos + dropped)
+            if self._skip:
+                return ConnectionClosed() if buf.eof else NEED_DATA
+        data, pos = buf.data, buf.pos
+        if len(data) - pos >= HEADER.size:
+            length, stream_id, type, flags = HEADER.unpack_from(data, pos)
+            start = pos + HEADER.size
+            if length > self.max_data:
+                buf.advance(start)
+                self._skip = length
+                return Oversize(stream_id, type, flags, length)
+            if len(data) - start >= length:
+                frame = Frame(stream_id, type, flags, bytes(data[start : start + length]))
+                buf.advance(start + length)
+                return frame
+        if buf.eof:
+            return ConnectionClosed()
+        return NEED_DATA
