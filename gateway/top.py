@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import signal
 import sys
-import time
+import threading
 import urllib.parse
 from typing import Any
 
@@ -198,14 +199,19 @@ def main(
             print(f"top: {e}", file=sys.stderr)
             return 1
         return 0
+    # Ctrl-C sets a flag that the loop checks between frames, instead of raising
+    # KeyboardInterrupt wherever the main thread happens to be: raised inside a lock
+    # rich's refresh thread shares, it could leave the lock held and the exit hanging.
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: stop.set())
     try:
         with Live(console=console, refresh_per_second=4, screen=False) as live:
-            while True:
+            while not stop.is_set():
                 try:
                     live.update(render(fetch(url)))
                 except Unreachable as e:
                     live.update(_error(f"{e}; retrying"))
-                time.sleep(interval)
-    except KeyboardInterrupt:
-        pass
+                stop.wait(interval)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     return 0
