@@ -1,0 +1,62 @@
+"""What a ttrpc server connection reports: calls, their messages, and bad input.
+
+Events are frozen dataclasses, as in h11. The codec answers nothing by
+itself: a :class:`BadInput` carries the status the Go server would send on
+that stream, and the driver sends it with ``reply`` (or not, for a proxy that
+decides otherwise).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import ttrpc_pb2
+from .status import Status
+
+__all__ = ["BadInput", "Call", "HalfClosed", "Message", "ServerEvent"]
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A new stream: the decoded Request and how the client will go on.
+
+    ``client_streams``: the client sends Data messages (Request flag ``remote
+    open``); otherwise the Request's payload is the call's (only) input
+    message, even when it is 0 bytes long.
+    """
+
+    stream_id: int
+    request: ttrpc_pb2.Request
+    flags: int
+    client_streams: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message of a client-streaming call (0 bytes is a message too)."""
+
+    stream_id: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class HalfClosed:
+    """The client sends no more messages on this stream (``remote closed``)."""
+
+    stream_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class BadInput:
+    """The client broke a rule for ``stream_id``; ``status`` is the Go server's reply.
+
+    ``ends_stream``: the stream was active and is over now (the reply is its
+    Response); the driver stops its handler. The connection goes on.
+    """
+
+    stream_id: int
+    status: Status
+    ends_stream: bool = False
+
+
+ServerEvent = Call | Message | HalfClosed | BadInput
