@@ -1,12 +1,19 @@
 """ttrpc (containerd's lightweight RPC over one connection) for Interchange.
 
-So far the wire layer: :mod:`.frames` (the 10-byte frame header, the
-4 MiB limit, a sans-IO :class:`FrameReader` that skips oversize data without
-buffering it), :mod:`.ttrpc_pb2` (Request, Response, KeyValue and Status,
-compiled from ``ttrpc.proto`` by protoc; ``generate.py`` regenerates it),
-and :mod:`.status` (gRPC codes, the Status of a Response, and the Go
-server's exact replies to bad input). The stream state machines, the server,
-client and proxy build on these.
+The sans-IO layers, in the order they build on each other:
+
+* :mod:`.frames`: the 10-byte frame header, the 4 MiB limit, and a
+  :class:`FrameReader` that skips oversize data without buffering it;
+* :mod:`.ttrpc_pb2`: Request, Response, KeyValue and Status, compiled from
+  ``ttrpc.proto`` by protoc (``generate.py`` regenerates it);
+* :mod:`.status`: gRPC codes, the Status of a Response, the Go server's exact
+  replies to bad input;
+* :mod:`.server_codec` (events in :mod:`.events`) and :mod:`.client_codec`:
+  one state machine per stream for each role, the four call kinds as Go's
+  implementation puts them on the wire.
+
+The trio server, client, proxy and the messaging service are still to come
+(issue 12).
 """
 
 from .frames import HEADER, MAX_DATA, Flags, Frame, FrameReader, MessageType, Oversize, encode_frame
