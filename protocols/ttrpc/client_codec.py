@@ -14,17 +14,16 @@ only its stream.
 from __future__ import annotations
 
 import enum
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
 from gateway.errors import LocalProtocolError
-from gateway.protocol import ConnectionClosed, NeedData
 
 from . import ttrpc_pb2
-from .frames import MAX_DATA, Flags, Frame, FrameReader, MessageType, Oversize, encode_frame
+from .connection import FramedConnection
+from .frames import MAX_DATA, Flags, Frame, MessageType, Oversize, encode_frame
 from .status import Code, Status, oversize, status_of
 
 __all__ = ["CallKind", "ClientConnection", "ClientEvent", "Reply", "StreamMessage"]
@@ -72,14 +71,14 @@ class _Stream:
     local_closed: bool
 
 
-class ClientConnection:
-    """One connection's calls, from the client's side (see the module docstring)."""
+class ClientConnection(FramedConnection[ClientEvent]):
+    """One connection's calls, from the client's side (see the module docstring).
+    After :class:`ConnectionClosed`, :meth:`fail_all` says which calls failed."""
 
     def __init__(self, max_data: int = MAX_DATA) -> None:
-        self._reader = FrameReader(max_data)
+        super().__init__(max_data)
         self._streams: dict[int, _Stream] = {}
         self._next_id = 1
-        self._queued: deque[ClientEvent] = deque()
 
     # -- output ------------------------------------------------------------------------
     def start(
@@ -147,26 +146,6 @@ class ClientConnection:
         return stream_id in self._streams
 
     # -- input -------------------------------------------------------------------------
-    @property
-    def held_bytes(self) -> int:
-        return self._reader.held_bytes
-
-    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
-        self._reader.receive_data(data)
-
-    def next_event(self) -> ClientEvent | ConnectionClosed | NeedData:
-        """The next event; :class:`ConnectionClosed` once the server closed (every call
-        still active then has failed: :meth:`fail_all`)."""
-        if self._queued:
-            return self._queued.popleft()
-        while True:
-            frame = self._reader.next_event()
-            if isinstance(frame, NeedData | ConnectionClosed):
-                return frame
-            event = self._frame(frame)
-            if event is not None:
-                return event
-
     def fail_all(self) -> list[int]:
         """The connection is gone: the ids of the calls that were still active."""
         ids = list(self._streams)

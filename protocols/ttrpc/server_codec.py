@@ -14,18 +14,17 @@ ignored, as Go does.
 from __future__ import annotations
 
 import enum
-from collections import deque
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
 from gateway.errors import LocalProtocolError
-from gateway.protocol import ConnectionClosed, NeedData
 
 from . import status as statuses
 from . import ttrpc_pb2
+from .connection import FramedConnection
 from .events import BadInput, Call, HalfClosed, Message, ServerEvent
-from .frames import MAX_DATA, Flags, Frame, FrameReader, MessageType, Oversize, encode_frame
+from .frames import MAX_DATA, Flags, Frame, MessageType, Oversize, encode_frame
 from .status import Status
 
 __all__ = ["ServerConnection", "StreamState"]
@@ -47,38 +46,16 @@ class _Stream:
     unary: bool
 
 
-class ServerConnection:
-    """One accepted connection's protocol state (see the module docstring)."""
+class ServerConnection(FramedConnection[ServerEvent]):
+    """One accepted connection's protocol state (see the module docstring). After
+    :class:`ConnectionClosed` its calls are abandoned: Go's server drops their replies."""
 
     def __init__(self, max_data: int = MAX_DATA) -> None:
-        self._reader = FrameReader(max_data)
+        super().__init__(max_data)
         self._streams: dict[int, _Stream] = {}
         self._last_request = 0
-        #: Events decided and not yet returned (a close after its last message).
-        self._queued: deque[ServerEvent] = deque()
 
     # -- input -------------------------------------------------------------------------
-    @property
-    def held_bytes(self) -> int:
-        return self._reader.held_bytes
-
-    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
-        """Add received bytes; ``b""`` means the client closed its side."""
-        self._reader.receive_data(data)
-
-    def next_event(self) -> ServerEvent | ConnectionClosed | NeedData:
-        """The next event; :class:`ConnectionClosed` after the client closed its side
-        (its calls are then abandoned: Go's server drops their replies too)."""
-        if self._queued:
-            return self._queued.popleft()
-        while True:
-            frame = self._reader.next_event()
-            if isinstance(frame, NeedData | ConnectionClosed):
-                return frame
-            event = self._frame(frame)
-            if event is not None:
-                return event
-
     def _frame(self, frame: Frame | Oversize) -> ServerEvent | None:
         sid = frame.stream_id
         if isinstance(frame, Oversize):

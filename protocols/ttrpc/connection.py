@@ -1,0 +1,50 @@
+"""What the server and client codecs share: a frame reader, a queue of decided events,
+and the loop that turns frames into events (each role says how, in ``_frame``)."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Generic, TypeVar
+
+from gateway.protocol import ConnectionClosed, NeedData
+
+from .frames import MAX_DATA, Frame, FrameReader, Oversize
+
+__all__ = ["FramedConnection"]
+
+E = TypeVar("E")
+
+
+class FramedConnection(Generic[E]):
+    """A sans-IO ttrpc connection of either role; subclasses implement :meth:`_frame`."""
+
+    def __init__(self, max_data: int = MAX_DATA) -> None:
+        self._reader = FrameReader(max_data)
+        #: Events decided and not yet returned (a close after its last message).
+        self._queued: deque[E] = deque()
+
+    @property
+    def held_bytes(self) -> int:
+        """Received bytes of a partial frame (skipped oversize data excluded)."""
+        return self._reader.held_bytes
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Add received bytes; ``b""`` means the peer closed its side."""
+        self._reader.receive_data(data)
+
+    def next_event(self) -> E | ConnectionClosed | NeedData:
+        """The next event, :data:`~gateway.protocol.NEED_DATA`, or :class:`ConnectionClosed`
+        once the peer closed its side."""
+        if self._queued:
+            return self._queued.popleft()
+        while True:
+            frame = self._reader.next_event()
+            if isinstance(frame, NeedData | ConnectionClosed):
+                return frame
+            event = self._frame(frame)
+            if event is not None:
+                return event
+
+    def _frame(self, frame: Frame | Oversize) -> E | None:
+        """The event a frame makes (None: it makes none)."""
+        raise NotImplementedError
