@@ -12,8 +12,10 @@ The sans-IO layers, in the order they build on each other:
   one state machine per stream for each role, the four call kinds as Go's
   implementation puts them on the wire.
 
-The trio server, client, proxy and the messaging service are still to come
-(issue 12).
+Over trio, :mod:`.server` serves :class:`~.server.Service` handlers of the four
+call kinds (one task per call, bounded inbound queues, ``timeout_nano`` as the
+deadline). The client library, the proxy and the messaging service are still
+to come (issue 12).
 """
 
 from .frames import HEADER, MAX_DATA, Flags, Frame, FrameReader, MessageType, Oversize, encode_frame
