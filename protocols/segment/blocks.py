@@ -26,9 +26,6 @@ it on the wire, and an ``AppendBlockEnd`` closes it:
 
 from __future__ import annotations
 
-import bisect
-import functools
-import itertools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,22 +57,6 @@ _WRITER: Final = 16
 _APPEND_BLOCK: Final = int(CommandType.APPEND_BLOCK)
 _PARTIAL: Final = int(CommandType.PARTIAL_EVENT)
 _PADDING: Final = int(CommandType.PADDING)
-#: An event frame's header size, and the header of an event of a given length.
-_FRAME: Final = 8
-_EVENT_HEADER: Final = functools.partial(HEADER.pack, 0)
-
-
-def _frames(lengths: list[int], payloads: Sequence[bytes], i: int, j: int) -> list[bytes]:
-    """The event frames of ``payloads[i:j]`` (``lengths`` are theirs): header, payload, ...
-
-    A header is made once per distinct length (events of one size are common), and
-    the list is filled by two slice assignments: a third of the cost of a loop."""
-    part = lengths[i:j]
-    headers = {n: _EVENT_HEADER(n) for n in set(part)}
-    frames = [b""] * (2 * len(part))
-    frames[0::2] = list(map(headers.__getitem__, part))
-    frames[1::2] = payloads[i:j]
-    return frames
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,82 +116,71 @@ class BlockWriter:
         batched block of ``block_size`` starts for each event smaller than it,
         and consecutive events that are not smaller share one unbatched block.
         A batched block may stay open after the call.
-
-        The work is done per run of events, not per event: where each block
-        ends is found by bisecting the running total of the frames' sizes, and
-        the frames themselves are made by C-level ``map``/``zip``. On a writer's
-        path this is most of what a client spends per event.
         """
         if not 0 <= block_size <= self.max_command - _WRITER - 8:
             raise LocalProtocolError(
                 f"block size {block_size} outside 0..{self.max_command - _WRITER - 8}"
             )
-        lengths = list(map(len, payloads))
-        if lengths and max(lengths) > MAX_EVENT_PAYLOAD:
-            raise LocalProtocolError(
-                f"event of {max(lengths)} bytes exceeds {MAX_EVENT_PAYLOAD} bytes"
-            )
+        for payload in payloads:
+            if len(payload) > MAX_EVENT_PAYLOAD:
+                raise LocalProtocolError(
+                    f"event of {len(payload)} bytes exceeds {MAX_EVENT_PAYLOAD} bytes"
+                )
         out: list[bytes] = []
         put = out.append
         if self._writer is not None and self._writer != writer_id:
             put(self.close())
         self._request_id = request_id
         header = HEADER.pack
-        n = len(lengths)
-        #: ends[k]: the frame bytes of events 0..k, headers included.
-        ends = list(itertools.accumulate(map(_FRAME.__add__, lengths)))
-        number = last_event_number - n  # the number before payloads[0]
         # The open batched block, in locals for the loop (written back at the end).
         is_open = self._writer is not None
         left, count, last = self._left, self._count, self._last
-        i = 0
-        while i < n:
-            base = ends[i - 1] if i else 0
+        run: list[bytes] = []  # event frames of an unbatched block being gathered
+        run_bytes = run_count = 0
+        number = last_event_number - len(payloads)
+        for payload in payloads:
+            number += 1
+            length = len(payload)
+            size = 8 + length
             if is_open:
-                # Events i..j-1 fit with room to spare (a frame ending exactly at the
-                # block's end takes the partial path, as Pravega's encoder does).
-                j = bisect.bisect_left(ends, base + left, i)
-                if j > i:
-                    out.extend(_frames(lengths, payloads, i, j))
-                    left -= ends[j - 1] - base
-                    count += j - i
-                    last = number + j
-                    i = j
-                    if i == n:
-                        break
-                # Event i does not fit (or fits exactly): a partial event fills the block.
-                frame = header(0, lengths[i]) + payloads[i]
+                if left > size:
+                    put(header(0, length))
+                    put(payload)
+                    left -= size
+                    count += 1
+                    last = number
+                    continue
+                # The event does not fit (or fits exactly): a partial event fills the block.
+                frame = header(0, length) + payload
                 put(header(_PARTIAL, left))
                 put(frame[:left])
-                put(
-                    self._end(writer_id, self._size - left, frame[left:], count + 1, number + i + 1)
-                )
+                put(self._end(writer_id, self._size - left, frame[left:], count + 1, number))
                 is_open = False
-                i += 1
                 continue
-            if block_size > _FRAME + lengths[i]:
+            if block_size > size:
+                if run:
+                    put(self._unbatched(writer_id, run, run_bytes, run_count, number - 1))
+                    run = []
+                    run_bytes = run_count = 0
                 put(header(_APPEND_BLOCK, _WRITER + block_size + 8) + writer_id.bytes)
+                put(header(0, length))
+                put(payload)
                 is_open = True
-                self._size = left = block_size
-                count = 0
-                continue  # the open block takes event i
-            # Events not smaller than the block share unbatched blocks up to the limit.
-            if block_size:
-                stop = next((k for k in range(i, n) if block_size > _FRAME + lengths[k]), n)
-            else:
-                stop = n
-            j = bisect.bisect_right(ends, base + self.max_command - _WRITER, i, stop)
-            j = max(j, i + 1)
-            put(
-                self._unbatched(
-                    writer_id,
-                    _frames(lengths, payloads, i, j),
-                    ends[j - 1] - base,
-                    j - i,
-                    number + j,
-                )
-            )
-            i = j
+                self._size = block_size
+                left = block_size - size
+                count = 1
+                last = number
+                continue
+            if run and _WRITER + run_bytes + size > self.max_command:
+                put(self._unbatched(writer_id, run, run_bytes, run_count, number - 1))
+                run = []
+                run_bytes = run_count = 0
+            run.append(header(0, length))
+            run.append(payload)
+            run_bytes += size
+            run_count += 1
+        if run:
+            put(self._unbatched(writer_id, run, run_bytes, run_count, number))
         self._writer = writer_id if is_open else None
         self._left, self._count, self._last = left, count, last
         return b"".join(out)
@@ -235,9 +205,7 @@ class BlockWriter:
     ) -> bytes:
         head = HEADER.pack(_APPEND_BLOCK, _WRITER + size) + writer_id.bytes
         end = encode(AppendBlockEnd(writer_id, size, b"", count, last, self._request_id))
-        frames.insert(0, head)
-        frames.append(end)
-        return b"".join(frames)
+        return b"".join((head, *frames, end))
 
     def _end(self, writer_id: UUID, whole: int, data: bytes, count: int, last: int) -> bytes:
         return encode(AppendBlockEnd(writer_id, whole, data, count, last, self._request_id))
