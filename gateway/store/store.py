@@ -270,9 +270,7 @@ class Store:
         try:
             if not self._failed:
                 await self._commit(sync_data=True, everything=True)
-                while self._doomed:
-                    directory, chunks = self._doomed.popleft()
-                    await trio.to_thread.run_sync(_unlink_chunks, directory, chunks)
+                await self._unlink_doomed()
                 await trio.to_thread.run_sync(self._mark_clean)
         finally:
             for segment in self._segments.values():
@@ -496,6 +494,11 @@ class Store:
         while True:
             while not self._doomed:
                 await self._doomed_lot.park()
+            await self._unlink_doomed()
+
+    async def _unlink_doomed(self) -> None:
+        """Delete the files of every released chunk queued now (in a worker thread)."""
+        while self._doomed:
             directory, chunks = self._doomed[0]
             await trio.to_thread.run_sync(_unlink_chunks, directory, chunks)
             self._doomed.popleft()
