@@ -708,6 +708,30 @@ async def test_the_write_timeout(autojump_clock: MockClock) -> None:
     assert run.ended_at == 6
 
 
+async def test_producers_wait_for_room_below_high_water(autojump_clock: MockClock) -> None:
+    async with running(toy(high_water=10), lockstep=True, peer_reads=False) as run:
+        session = run.session
+        await trio.sleep(1)
+        session.write(b"x" * 11)  # the writer takes it: unsent output is empty again
+        await trio.sleep(1)
+        session.write(b"y" * 11)  # stays unsent while the peer does not read
+        made: list[float] = []
+
+        async def producer() -> None:
+            await session.wait_for_room()
+            made.append(trio.current_time())
+            await session.write_when_room(b"z")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(producer)
+            await trio.sleep(5)
+            assert made == []
+            assert await run.peer.receive_some() == b"x" * 11
+            await trio.sleep(1)
+            assert made == [7]  # when the peer took the x: the y left unsent output
+        assert await run.peer.receive_some() == b"y" * 11 + b"z"
+
+
 # -- Session: how it ends -------------------------------------------------------------
 
 

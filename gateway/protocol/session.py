@@ -215,9 +215,17 @@ class Session:
 
     async def write_when_room(self, data: bytes | bytearray) -> None:
         """Queue ``data`` once unsent output is under ``high_water`` (for producers)."""
+        await self.wait_for_room()
+        self.write(data)
+
+    async def wait_for_room(self) -> None:
+        """Wait until unsent output is under ``high_water``.
+
+        For a producer whose bytes depend on when they are made (a stream id
+        handed out in order): wait, then make them and :meth:`write` at once.
+        """
         while len(self._out) > self.high_water:
             await self._room.park()
-        self.write(data)
 
     async def submit(
         self,
