@@ -218,6 +218,11 @@ class Session:
         await self.wait_for_room()
         self.write(data)
 
+    @property
+    def unsent(self) -> int:
+        """Bytes queued and not yet handed to the stream (the peer's backlog)."""
+        return len(self._out)
+
     async def wait_for_room(self) -> None:
         """Wait until unsent output is under ``high_water``.
 

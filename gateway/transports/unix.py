@@ -11,13 +11,15 @@ import errno
 import os
 import socket
 import stat
+import struct
+from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 from .base import Transport
 
-__all__ = ["UnixTransport", "transport"]
+__all__ = ["PeerCredentials", "UnixTransport", "peer_credentials", "transport"]
 
 PREFIX = "unix:"
 #: Group may connect (e.g. a shipper in the gateway's group); others may not.
@@ -135,3 +137,36 @@ async def _remove_stale(path: str) -> None:
 
 
 transport = UnixTransport()
+
+
+@dataclass(frozen=True, slots=True)
+class PeerCredentials:
+    """Who runs the process at the other end of a unix socket (``SO_PEERCRED``)."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+def peer_credentials(stream: trio.abc.Stream) -> PeerCredentials | None:
+    """The peer's credentials as the kernel recorded them at connect time.
+
+    None for a stream that is no unix socket (or a system without
+    ``SO_PEERCRED``). A layered stream (TLS) is unwrapped to its socket.
+    """
+    sock = getattr(stream, "socket", None)
+    if sock is None:
+        inner = getattr(stream, "transport_stream", None)
+        return peer_credentials(inner) if inner is not None else None
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None or sock.family != socket.AF_UNIX:
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, option, _UCRED.size)
+    except OSError:
+        return None
+    return PeerCredentials(*_UCRED.unpack(raw))
+
+
+#: ``struct ucred``: pid, uid, gid.
+_UCRED = struct.Struct("iII")

@@ -218,6 +218,7 @@ class Client:
         self._calls: dict[int, ClientCall] = {}
         #: Why the connection ended (None while it is up).
         self.closed_reason: str | None = None
+        self._closed = trio.Event()
 
     @property
     def is_closed(self) -> bool:
@@ -241,9 +242,14 @@ class Client:
         finally:
             self._fail_all(reason)
 
+    async def wait_closed(self) -> None:
+        """Return once the connection has ended (see :attr:`closed_reason`)."""
+        await self._closed.wait()
+
     def _fail_all(self, reason: str) -> None:
         if self.closed_reason is None:
             self.closed_reason = reason
+        self._closed.set()
         self._session.codec.fail_all()
         calls, self._calls = self._calls, {}
         for call in calls.values():

@@ -8,7 +8,7 @@ decides otherwise).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import ttrpc_pb2
 from .status import Status
@@ -29,6 +29,8 @@ class Call:
     request: ttrpc_pb2.Request
     flags: int
     client_streams: bool
+    #: The Request as received, for a proxy to forward byte for byte.
+    data: bytes = field(default=b"", compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 #: main 64 for client-streaming methods).
 INBOUND_MESSAGES = 64
 
+#: Calls one connection may run at once, by default (Go sets no limit).
+MAX_CALLS = 1024
+
 Unary = Callable[["CallContext", bytes], Awaitable[bytes]]
 ServerStreaming = Callable[["CallContext", bytes, "MessageStream"], Awaitable[None]]
 ClientStreaming = Callable[["CallContext", AsyncIterator[bytes]], Awaitable[bytes]]
@@ -118,12 +121,19 @@ class TtrpcSession(Session):
     read_while_draining = True  # streaming calls still need their messages
 
     def __init__(
-        self, stream: trio.abc.Stream, services: dict[str, Service], **kwargs: Any
+        self,
+        stream: trio.abc.Stream,
+        services: dict[str, Service],
+        *,
+        max_calls: int = MAX_CALLS,
+        **kwargs: Any,
     ) -> None:
         kwargs.setdefault("log", log)
         kwargs.setdefault("unit_timeout", 0)
         super().__init__(stream, ServerConnection(), **kwargs)
         self.services = services
+        #: Calls one connection may run at once; more are refused (RESOURCE_EXHAUSTED).
+        self.max_calls = max_calls
         self._calls: dict[int, _Active] = {}
         self._draining = False
 
@@ -163,6 +173,9 @@ class TtrpcSession(Session):
             return
         if method is None:
             self._refuse(sid, statuses.unknown_method(request.method))
+            return
+        if len(self._calls) >= self.max_calls:
+            self._refuse(sid, too_many_calls(self.max_calls))
             return
         timeout = request.timeout_nano
         deadline = trio.current_time() + timeout / 1e9 if timeout else math.inf
@@ -232,3 +245,8 @@ class TtrpcSession(Session):
             self.write(self.codec.respond(sid, result or b""))
         else:
             self.write(self.codec.send_data(sid, None, close=True))
+
+
+def too_many_calls(limit: int) -> Status:
+    """What a call over a connection's limit of concurrent calls is answered."""
+    return Status(Code.RESOURCE_EXHAUSTED, f"more than {limit} calls at once on this connection")

@@ -1,0 +1,344 @@
+"""The transparent ttrpc proxy: calls for routed services go to an upstream, frames untouched.
+
+A listener's ``[[listeners.services]]`` routes map service names (globs, as
+``containerd.task.v2.*``) to configured upstreams. A :class:`ProxySession`
+serves a client connection like :class:`~.server.TtrpcSession` (local
+services, such as the messaging service, are answered here) and relays the
+calls of routed services:
+
+* the client's Request and Data frames go to a connection of the upstream's
+  :class:`Pool` under an id of that connection's own; what the server sends
+  back comes to the client under the client's id, type, flags and bytes as
+  sent (a Request is re-encoded only to shrink ``timeout_nano`` by the time
+  it spent here; its payload bytes stay the same);
+* bad input is answered here with the Go server's statuses (oversize, even
+  or reused ids, undecodable Requests, unknown services) and never reaches
+  the upstream, nor does Data for a stream that is over (Go servers up to
+  1.2.7 crash on it);
+* a client that goes away leaves its calls running upstream (ttrpc cannot
+  cancel them; closing the shared connection would fail other clients'
+  calls) and their replies are dropped; a client that does not read what
+  is relayed to it (``max_backlog`` bytes waiting) is disconnected, so it
+  never holds up the upstream connection's reader;
+* an upstream connection that is lost fails the calls that were on it with
+  UNAVAILABLE, and only those.
+
+A client's half-close of its socket is not relayed: Go servers read it as
+"client gone" and drop replies still owed to everyone on that connection.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from gateway.errors import first_leaf
+from gateway.plugin import Upstream, describe_error
+from gateway.protocol import Session
+
+from . import status as statuses
+from . import ttrpc_pb2
+from .events import BadInput, Call, HalfClosed, Message
+from .frames import Flags
+from .proxy_codec import Failed, ProxyClientConnection, Relay
+from .server import TtrpcSession, too_many_calls
+from .status import Code, Status
+
+__all__ = ["Pool", "ProxySession", "Route", "Routes"]
+
+log = logging.getLogger(__name__)
+
+#: Bytes relayed to a client and not yet written before it is disconnected.
+MAX_BACKLOG = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Calls of services matching ``match`` (a glob) go to the upstream ``upstream``."""
+
+    match: str
+    upstream: str
+
+
+class Routes:
+    """A listener's routes, first match wins, decisions cached by service name."""
+
+    def __init__(self, routes: Sequence[Route], pools: dict[str, Pool]) -> None:
+        self.routes = list(routes)
+        self.pools = pools
+        self._cache: dict[str, Pool | None] = {}
+
+    def pool_for(self, service: str) -> Pool | None:
+        try:
+            return self._cache[service]
+        except KeyError:
+            pass
+        pool = None
+        for route in self.routes:
+            if fnmatch.fnmatchcase(service, route.match):
+                pool = self.pools[route.upstream]
+                break
+        if len(self._cache) < 4096:
+            self._cache[service] = pool
+        return pool
+
+
+class Link(Session):
+    """One connection to an upstream server, carrying many clients' streams."""
+
+    codec: ProxyClientConnection
+
+    def __init__(self, stream: trio.abc.Stream, pool: Pool, peer: str) -> None:
+        super().__init__(
+            stream,
+            ProxyClientConnection(),
+            log=pool.log,
+            unit_timeout=0,
+            linger=0,
+            write_timeout=pool.write_timeout,
+        )
+        self.pool = pool
+        self.peer = peer
+        self.lost = False
+
+    async def handle(self, event: object) -> None:
+        if isinstance(event, Relay):
+            event.owner.relay(event)
+        elif isinstance(event, Failed):
+            event.owner.relay_failed(event.stream_id, event.status)
+
+    def end_of_input(self) -> None:
+        self.stop()
+
+
+class Pool:
+    """Connections to one upstream, shared by every client connection of the gateway.
+
+    A new call goes to the open connection with the fewest active streams;
+    another connection is opened while each carries ``streams_per_connection``
+    or more, up to ``max_connections``. One connect runs at a time; after a
+    failed one, calls fail at once (UNAVAILABLE) until ``retry_after`` passed.
+    """
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        nursery: trio.Nursery,
+        *,
+        max_connections: int = 4,
+        streams_per_connection: int = 256,
+        write_timeout: float = 30.0,
+    ) -> None:
+        self.upstream = upstream
+        self.name = upstream.name
+        self.nursery = nursery
+        self.max_connections = max_connections
+        self.streams_per_connection = streams_per_connection
+        self.write_timeout = write_timeout
+        self.retry_after = upstream.settings.backoff_initial
+        self.log = logging.LoggerAdapter(log, {})
+        self.links: list[Link] = []
+        self._connecting = trio.Lock()
+        self._failed_at = -math.inf
+        self._failure = ""
+
+    def _best(self) -> Link | None:
+        best = None
+        for link in self.links:
+            if link.lost or link.codec.exhausted:
+                continue
+            if best is None or link.codec.active_streams < best.codec.active_streams:
+                best = link
+        return best
+
+    async def link(self) -> Link:
+        """A connection for a new stream; ``OSError`` when the upstream cannot be reached."""
+        best = self._best()
+        if best is not None and (
+            best.codec.active_streams < self.streams_per_connection
+            or len(self.links) >= self.max_connections
+        ):
+            return best
+        async with self._connecting:
+            best = self._best()  # another call may have connected meanwhile
+            if best is not None and (
+                best.codec.active_streams < self.streams_per_connection
+                or len(self.links) >= self.max_connections
+            ):
+                return best
+            if trio.current_time() - self._failed_at < self.retry_after:
+                if best is not None:
+                    return best
+                raise OSError(self._failure)
+            try:
+                with trio.fail_after(self.upstream.settings.connect_timeout):
+                    stream, info = await self.upstream.connect()
+            except (OSError, trio.TooSlowError) as e:
+                self._failed_at = trio.current_time()
+                self._failure = f"upstream {self.name}: cannot connect ({describe_error(e)})"
+                self.log.warning("%s", self._failure)
+                if best is not None:
+                    return best
+                raise OSError(self._failure) from None
+            link = Link(stream, self, info.peer)
+            self.links.append(link)
+            self.nursery.start_soon(self._run, link)
+            self.log.info("upstream %s: connected to %s", self.name, info.peer)
+            return link
+
+    async def _run(self, link: Link) -> None:
+        reason = "the server closed the connection"
+        try:
+            async with link.stream:
+                await link.run()
+        except* (OSError, trio.BrokenResourceError, trio.TooSlowError, Exception) as eg:
+            reason = describe_error(first_leaf(eg))
+        finally:
+            link.lost = True
+            self.links.remove(link)
+            lost = link.codec.fail_all()
+            if lost:
+                self.log.warning(
+                    "upstream %s: connection to %s lost (%s): %d calls failed",
+                    self.name,
+                    link.peer,
+                    reason,
+                    len(lost),
+                )
+            status = Status(Code.UNAVAILABLE, f"upstream {self.name}: connection lost ({reason})")
+            for owner, sid in lost:
+                owner.relay_failed(sid, status)
+
+    async def aclose(self) -> None:
+        for link in list(self.links):
+            link.stop()
+            await link.stream.aclose()
+
+
+@dataclass(slots=True)
+class _Proxied:
+    link: Link
+    sid: int
+
+
+class ProxySession(TtrpcSession):
+    """A client connection: local services answered here, routed ones relayed."""
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        services: dict[str, Any],
+        routes: Routes,
+        *,
+        max_backlog: int = MAX_BACKLOG,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(stream, services, **kwargs)
+        self.routes = routes
+        self.max_backlog = max_backlog
+        self._proxied: dict[int, _Proxied] = {}
+        self._overrun = False
+
+    def busy(self) -> bool:
+        return bool(self._proxied) or super().busy()
+
+    async def run(self) -> None:
+        try:
+            await super().run()
+        finally:
+            for proxied in self._proxied.values():
+                proxied.link.codec.orphan(proxied.sid)
+            self._proxied.clear()
+
+    async def handle(self, event: object) -> None:
+        if isinstance(event, Call):
+            if event.request.service not in self.services and not self._draining:
+                pool = self.routes.pool_for(event.request.service)
+                if pool is not None:
+                    await self._open(event, pool)
+                    return
+        elif isinstance(event, Message | HalfClosed):
+            proxied = self._proxied.get(event.stream_id)
+            if proxied is not None:
+                await self._send(event, proxied)
+                return
+        elif isinstance(event, BadInput) and event.stream_id in self._proxied:
+            self.write(self.codec.reply(event))
+            if event.ends_stream:
+                proxied = self._proxied.pop(event.stream_id)
+                proxied.link.codec.orphan(proxied.sid)
+            return
+        await super().handle(event)
+
+    async def _open(self, call: Call, pool: Pool) -> None:
+        arrived = trio.current_time()
+        sid = call.stream_id
+        if len(self._proxied) + len(self._calls) >= self.max_calls:
+            self.write(self.codec.respond(sid, status=too_many_calls(self.max_calls)))
+            return
+        try:
+            link = await pool.link()
+        except OSError as e:
+            self.write(self.codec.respond(sid, status=Status(Code.UNAVAILABLE, str(e))))
+            return
+        await link.wait_for_room()
+        request = call.data
+        timeout = call.request.timeout_nano
+        if timeout > 0:
+            left = timeout - int((trio.current_time() - arrived) * 1e9)
+            if left <= 0:
+                self.write(self.codec.respond(sid, status=statuses.deadline_exceeded()))
+                return
+            shrunk = ttrpc_pb2.Request()
+            shrunk.CopyFrom(call.request)
+            shrunk.timeout_nano = left
+            request = shrunk.SerializeToString()
+        if link.lost or self.codec.stream_state(sid) is None:
+            # The upstream went while we waited for room, or the client's stream ended.
+            if self.codec.stream_state(sid) is not None:
+                self.write(self.codec.respond(sid, status=_lost(pool)))
+            return
+        up_sid, frame = link.codec.open(self, sid, call.flags, request)
+        self._proxied[sid] = _Proxied(link, up_sid)
+        link.write(frame)
+
+    async def _send(self, event: Message | HalfClosed, proxied: _Proxied) -> None:
+        link = proxied.link
+        await link.wait_for_room()
+        if isinstance(event, Message):
+            link.write(link.codec.data(proxied.sid, 0, event.data))
+        else:
+            link.write(link.codec.data(proxied.sid, Flags.REMOTE_CLOSED | Flags.NO_DATA, b""))
+
+    # -- what the upstream connection calls ---------------------------------------------
+    def relay(self, event: Relay) -> None:
+        """A frame from upstream for the client's stream ``event.stream_id``."""
+        if event.ends:
+            self._proxied.pop(event.stream_id, None)
+            self.progress()
+        frame = self.codec.forward(event.stream_id, event.type, event.flags, event.data)
+        if frame is None:
+            return
+        self.write(frame)
+        if self.unsent > self.max_backlog and not self._overrun:
+            # The client does not read: it must not make the shared upstream reader wait.
+            self._overrun = True
+            self.log.warning("closing: %d bytes relayed to this client are not read", self.unsent)
+            self.nursery.cancel_scope.cancel()
+
+    def relay_failed(self, stream_id: int, status: Status) -> None:
+        """The stream cannot go on upstream: answer ``status`` if it is still open."""
+        self._proxied.pop(stream_id, None)
+        self.progress()
+        if self.codec.stream_state(stream_id) is not None:
+            self.write(self.codec.respond(stream_id, status=status))
+
+
+def _lost(pool: Pool) -> Status:
+    return Status(Code.UNAVAILABLE, f"upstream {pool.name}: connection lost")
