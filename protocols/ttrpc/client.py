@@ -80,13 +80,17 @@ class ClientCall:
         self.stream_id = 0
         #: trio time by which the call must end (inf: none).
         self.deadline = deadline
-        self._send, self._inbound = trio.open_memory_channel[bytes](client.max_inbound)
+        self._send: trio.MemorySendChannel[bytes] | None = None
+        self._inbound: trio.MemoryReceiveChannel[bytes] | None = None
+        if kind is not CallKind.UNARY:  # a unary call's reply is its only message
+            self._send, self._inbound = trio.open_memory_channel(client.max_inbound)
         self._ended = trio.Event()
         self._status: Status | None = None
         self._payload: bytes | None = None
 
     # -- what the connection's reader does --------------------------------------------
     def _message(self, data: bytes) -> None:
+        assert self._send is not None, "the codec gives no messages to unary calls"
         try:
             self._send.send_nowait(data)
         except trio.WouldBlock:
@@ -103,7 +107,8 @@ class ClientCall:
     def _end(self, status: Status, payload: bytes | None) -> None:
         if self._status is None:
             self._status, self._payload = status, payload
-            self._send.close()
+            if self._send is not None:
+                self._send.close()
             self._ended.set()
 
     # -- the caller's side ---------------------------------------------------------------
@@ -128,6 +133,8 @@ class ClientCall:
         A call that failed raises its :class:`TtrpcError` once the messages
         received before the failure have been read.
         """
+        if self._inbound is None:
+            raise TypeError("a unary call has no messages: await its response()")
         with trio.move_on_at(self.deadline) as scope:
             try:
                 return await self._inbound.receive()
@@ -154,10 +161,13 @@ class ClientCall:
     async def response(self) -> bytes:
         """Wait for the end of the call: the response's payload (client-streaming and
         unary calls; ``b""`` for streams that end without one); raises if it failed."""
-        with trio.move_on_at(self.deadline) as scope:
+        if math.isinf(self.deadline):
             await self._ended.wait()
-        if scope.cancelled_caught:
-            self._expire()
+        else:
+            with trio.move_on_at(self.deadline) as scope:
+                await self._ended.wait()
+            if scope.cancelled_caught:
+                self._expire()
         status = self._status
         assert status is not None
         if not status.ok:

@@ -14,7 +14,7 @@ only its stream.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
@@ -41,6 +41,15 @@ class CallKind(enum.Enum):
     @property
     def client_streams(self) -> bool:
         return self in (CallKind.CLIENT_STREAMING, CallKind.BIDI)
+
+
+#: The Request's flags for each kind of call, as Go's client sets them.
+_FLAGS = {
+    CallKind.UNARY: Flags.NONE,
+    CallKind.SERVER_STREAMING: Flags.REMOTE_CLOSED,
+    CallKind.CLIENT_STREAMING: Flags.REMOTE_OPEN,
+    CallKind.BIDI: Flags.REMOTE_OPEN,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +98,7 @@ class ClientConnection(FramedConnection[ClientEvent]):
         payload: bytes = b"",
         *,
         timeout_nano: int = 0,
-        metadata: Iterable[tuple[str, str]] = (),
+        metadata: Sequence[tuple[str, str]] = (),
     ) -> tuple[int, bytes]:
         """Open a call: its stream id and the Request frame. ``payload`` is the request
         message of unary and server-streaming calls (client-streaming ones send Data)."""
@@ -99,19 +108,11 @@ class ClientConnection(FramedConnection[ClientEvent]):
             raise LocalProtocolError(f"a {kind.value} call sends its messages as Data")
         sid = self._next_id
         request = ttrpc_pb2.Request(
-            service=service,
-            method=method,
-            payload=payload,
-            timeout_nano=timeout_nano,
-            metadata=[ttrpc_pb2.KeyValue(key=k, value=v) for k, v in metadata],
+            service=service, method=method, payload=payload, timeout_nano=timeout_nano
         )
-        flags = {
-            CallKind.UNARY: Flags.NONE,
-            CallKind.SERVER_STREAMING: Flags.REMOTE_CLOSED,
-            CallKind.CLIENT_STREAMING: Flags.REMOTE_OPEN,
-            CallKind.BIDI: Flags.REMOTE_OPEN,
-        }[kind]
-        wire = encode_frame(sid, MessageType.REQUEST, flags, request.SerializeToString())
+        if metadata:
+            request.metadata.extend(ttrpc_pb2.KeyValue(key=k, value=v) for k, v in metadata)
+        wire = encode_frame(sid, MessageType.REQUEST, _FLAGS[kind], request.SerializeToString())
         self._next_id += 2
         self._streams[sid] = _Stream(kind, local_closed=not kind.client_streams)
         return sid, wire
