@@ -44,6 +44,9 @@ from gateway.runtime import Gateway
 from gateway.status import snapshot
 from protocols.lumberjack.client import LumberjackClient
 from protocols.segment.client import Appender, run_appender
+from protocols.ttrpc import messaging_pb2
+from protocols.ttrpc.client import open_client
+from protocols.ttrpc.messaging import SERVICE
 
 #: Seconds within which every message of a config must be acked.
 DEADLINE = 30
@@ -86,11 +89,24 @@ async def send_segment(stream: trio.abc.Stream, destination: str, bodies: list[b
     assert sorted(acked) == list(range(len(bodies)))
 
 
+async def send_ttrpc(stream: trio.abc.Stream, destination: str, bodies: list[bytes]) -> None:
+    """Publish ``bodies`` with ``interchange.v1.Messaging``; every one must be delivered."""
+    request = messaging_pb2.PublishRequest(
+        messages=[messaging_pb2.Message(destination=destination, body=b) for b in bodies]
+    )
+    async with open_client(stream) as client:
+        raw = await client.call(SERVICE, "Publish", request.SerializeToString())
+    response = messaging_pb2.PublishResponse.FromString(raw)
+    outcomes = [r.outcome for r in response.results]
+    assert outcomes == [messaging_pb2.OUTCOME_DELIVERED] * len(bodies), response
+
+
 #: A real client for each protocol a documented listener speaks.
 SENDERS: dict[str, Sender] = {
     "lumberjack": send_lumberjack,
     "ndjson": send_ndjson,
     "segment": send_segment,
+    "ttrpc": send_ttrpc,
 }
 
 

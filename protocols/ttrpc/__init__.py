@@ -12,10 +12,22 @@ The sans-IO layers, in the order they build on each other:
   one state machine per stream for each role, the four call kinds as Go's
   implementation puts them on the wire.
 
-Over trio, :mod:`.server` serves :class:`~.server.Service` handlers of the four
-call kinds (one task per call, bounded inbound queues, ``timeout_nano`` as the
-deadline). The client library, the proxy and the messaging service are still
-to come (issue 12).
+* :mod:`.proxy_codec`: a proxy's upstream connection, many clients' streams
+  on one, ids remapped, frames relayed untouched.
+
+Over trio:
+
+* :mod:`.server`: :class:`~.server.Service` handlers of the four call kinds
+  (one task per call, bounded inbound queues, ``timeout_nano`` as the
+  deadline) served by :class:`~.server.TtrpcSession`;
+* :mod:`.client`: :func:`~.client.open_client`, concurrent calls of the four
+  kinds on one connection, deadlines, metadata, typed errors;
+* :mod:`.proxy`: :class:`~.proxy.ProxySession` relaying routed services to
+  pooled upstream connections;
+* :mod:`.messaging`: ``interchange.v1.Messaging`` (``messaging.proto``), the
+  hub for ttrpc clients;
+* :mod:`.plugin` and :mod:`.upstream`: the gateway protocol ``ttrpc``
+  (listener: messaging + proxy; upstream: proxy target and client role).
 """
 
 from .frames import HEADER, MAX_DATA, Flags, Frame, FrameReader, MessageType, Oversize, encode_frame

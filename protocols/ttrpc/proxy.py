@@ -192,7 +192,17 @@ class Pool:
             self.log.info("upstream %s: connected to %s", self.name, info.peer)
             return link
 
-    async def _run(self, link: Link) -> None:
+    async def adopt(self, stream: trio.abc.Stream, peer: str) -> None:
+        """Carry calls on a connection made elsewhere (the upstream's own, kept open and
+        reconnected by the runtime with its backoff) until it is lost, then raise
+        ``ConnectionError`` saying why."""
+        link = Link(stream, self, peer)
+        self.links.append(link)
+        self._failed_at = -math.inf
+        reason = await self._run(link)
+        raise ConnectionError(reason)
+
+    async def _run(self, link: Link) -> str:
         reason = "the server closed the connection"
         try:
             async with link.stream:
@@ -214,6 +224,7 @@ class Pool:
             status = Status(Code.UNAVAILABLE, f"upstream {self.name}: connection lost ({reason})")
             for owner, sid in lost:
                 owner.relay_failed(sid, status)
+        return reason
 
     async def aclose(self) -> None:
         for link in list(self.links):

@@ -104,6 +104,11 @@ class MessageStream:
         """One message (waits while the connection's output is over its high water)."""
         await self._session.write_when_room(self._session.codec.send_data(self._sid, data))
 
+    async def flush(self) -> None:
+        """Wait until what was sent so far has been handed to the socket (not merely
+        queued): before treating it as delivered."""
+        await self._session.flush()
+
 
 @dataclass
 class _Active:

@@ -1,0 +1,85 @@
+"""A ttrpc upstream's client role: each message routed to ``upstream:NAME`` becomes a call.
+
+With ``service`` and ``method`` set, every delivery of the upstream's queue
+is sent as one unary call, its body as the request payload and its headers
+as metadata, up to ``max_inflight`` at once on one connection. A delivery
+is acked only once the server answered OK; a call (request/reply) gets the
+response as its reply, errors included, with the server's status. A plain
+message the server refuses is settled as failed (retrying what the server
+refused would loop forever); one whose connection was lost goes back to the
+queue and is sent again on the next connection (at least once).
+
+Without them the upstream only serves as the destination of proxy routes
+(:mod:`.proxy`): this role keeps one of the proxy pool's connections open
+(reconnecting with the upstream's backoff), so the status page shows whether
+the upstream is reachable before the first call needs it.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from gateway.destination import Delivery, Subscription
+from gateway.model import Outcome, Reply
+from gateway.plugin import ConnectionInfo, UpstreamContext
+
+from .client import Client, open_client
+from .proxy import Pool
+from .status import Code, TtrpcError
+
+__all__ = ["run_upstream"]
+
+
+async def run_upstream(ctx: UpstreamContext, pool: Pool | None = None) -> None:
+    """Call ``service``/``method`` with what is routed to ``upstream:NAME`` until cancelled.
+
+    Without them, keep one connection of ``pool`` (the proxy's, for routes that
+    lead here) open, so its state shows and the first call finds it ready; or,
+    with no pool either, nothing is asked of this upstream: idle.
+    """
+    o = ctx.options
+    service: str = o["service"]
+    method: str = o["method"]
+    if not service or not method:
+        if pool is None:
+            ctx.state = "idle"
+            await trio.sleep_forever()
+        await ctx.run_sessions(lambda stream, info: pool.adopt(stream, info.peer))
+    timeout: float = o["timeout"]
+
+    async def call_one(client: Client, sub: Subscription, delivery: Delivery) -> None:
+        message = delivery.message
+        try:
+            body = await client.call(
+                service, method, message.body, timeout=timeout, metadata=dict(message.headers)
+            )
+        except TtrpcError as e:
+            if client.is_closed:
+                sub.nack(delivery.tag)  # lost with the connection: sent again on the next
+            elif delivery.reply_by is not None:
+                sub.reply(delivery.tag, Reply(status=int(e.code), message=e.message))
+            else:
+                reason = f"{service}/{method}: {Code(e.code).name} {e.message}"
+                sub.nack(delivery.tag, requeue=False, outcome=Outcome.FAILED, reason=reason)
+            return
+        if delivery.reply_by is not None:
+            sub.reply(delivery.tag, Reply(body=body))
+        else:
+            sub.ack(delivery.tag)
+
+    async def session(stream: trio.abc.Stream, info: ConnectionInfo) -> None:
+        async with open_client(stream) as client:
+            with ctx.subscribe(max_unacked=o["max_inflight"]) as sub:
+                async with trio.open_nursery() as nursery:
+
+                    async def pump() -> None:
+                        while True:
+                            for delivery in await sub.receive():
+                                nursery.start_soon(call_one, client, sub, delivery)
+
+                    nursery.start_soon(pump)
+                    await client.wait_closed()
+                    nursery.cancel_scope.cancel()
+        raise ConnectionError(f"connection to {info.peer} lost: {client.closed_reason}")
+
+    await ctx.run_sessions(session)
