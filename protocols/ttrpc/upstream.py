@@ -5,9 +5,11 @@ is sent as one unary call, its body as the request payload and its headers
 as metadata, up to ``max_inflight`` at once on one connection. A delivery
 is acked only once the server answered OK; a call (request/reply) gets the
 response as its reply, errors included, with the server's status. A plain
-message the server refuses is settled as failed (retrying what the server
-refused would loop forever); one whose connection was lost goes back to the
-queue and is sent again on the next connection (at least once).
+message the server refuses is settled REJECTED with the server's status as
+the reason (sending again what the server refused would loop forever),
+unless the status means "not now" (:data:`RETRYABLE`): then it is sent again
+after the upstream's initial backoff. One whose connection was lost goes
+back to the queue and is sent again on the next connection (at least once).
 
 Without them the upstream only serves as the destination of proxy routes
 (:mod:`.proxy`): this role keeps one of the proxy pool's connections open
@@ -27,7 +29,19 @@ from .client import Client, open_client
 from .proxy import Pool
 from .status import Code, TtrpcError
 
-__all__ = ["run_upstream"]
+__all__ = ["RETRYABLE", "run_upstream"]
+
+#: Statuses that say "not now" rather than "not this": the message is sent again.
+RETRYABLE = frozenset(
+    {Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED, Code.RESOURCE_EXHAUSTED, Code.ABORTED}
+)
+
+
+def _name(code: int) -> str:
+    try:
+        return Code(code).name
+    except ValueError:
+        return f"code {code}"
 
 
 async def run_upstream(ctx: UpstreamContext, pool: Pool | None = None) -> None:
@@ -58,9 +72,13 @@ async def run_upstream(ctx: UpstreamContext, pool: Pool | None = None) -> None:
                 sub.nack(delivery.tag)  # lost with the connection: sent again on the next
             elif delivery.reply_by is not None:
                 sub.reply(delivery.tag, Reply(status=int(e.code), message=e.message))
+            elif e.code in RETRYABLE:
+                # Held for a while (and its slot with it), then sent again.
+                await trio.sleep(ctx.backoff.initial)
+                sub.nack(delivery.tag)
             else:
-                reason = f"{service}/{method}: {Code(e.code).name} {e.message}"
-                sub.nack(delivery.tag, requeue=False, outcome=Outcome.FAILED, reason=reason)
+                reason = f"{service}/{method}: {_name(e.code)} {e.message}"
+                sub.nack(delivery.tag, requeue=False, outcome=Outcome.REJECTED, reason=reason)
             return
         if delivery.reply_by is not None:
             sub.reply(delivery.tag, Reply(body=body))

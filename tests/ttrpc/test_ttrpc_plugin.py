@@ -29,6 +29,8 @@ class Backend:
     def __init__(self) -> None:
         self.received: list[tuple[bytes, tuple[tuple[str, str], ...]]] = []
         self.refuse = False
+        #: Calls to answer UNAVAILABLE before answering again.
+        self.busy = 0
         self.address = ""
 
     def services(self) -> dict[str, Service]:
@@ -38,6 +40,9 @@ class Backend:
             self.received.append((payload, ctx.metadata))
             if self.refuse:
                 raise TtrpcError(Code.INVALID_ARGUMENT, "not this one")
+            if self.busy:
+                self.busy -= 1
+                raise TtrpcError(Code.UNAVAILABLE, "busy")
             return b"echo:" + payload
 
         svc.unary("Echo", echo)
@@ -159,9 +164,16 @@ async def test_the_client_role_calls_with_each_message(tmp_path: Path, backend: 
             await call.wait()
         assert call.reply is not None
         assert call.reply.body == b"echo:question"
-        # A message the server refuses settles as failed, with the server's reason.
+        # A message the server refuses settles as rejected, with the server's reason.
         backend.refuse = True
         refused = await gw.hub.publish([Message("jobs", b"bad")])
         with trio.fail_after(10):
-            assert await refused.wait() == Outcome.FAILED
-        assert "not this one" in refused.result(0).reason
+            assert await refused.wait() == Outcome.REJECTED
+        assert "INVALID_ARGUMENT not this one" in refused.result(0).reason
+        # One it cannot take now is sent again until it can.
+        backend.refuse = False
+        backend.busy = 2
+        retried = await gw.hub.publish([Message("jobs", b"later")])
+        with trio.fail_after(10):
+            assert await retried.wait() == Outcome.DELIVERED
+        assert [body for body, _ in backend.received[-3:]] == [b"later"] * 3
