@@ -22,9 +22,9 @@ details; a lost connection fails every call on it with UNAVAILABLE
 another.
 
 ttrpc has no flow control, so a streaming call's inbound messages wait in a
-bounded queue of their own: a caller that lets more than ``max_inbound``
-pile up loses that call (RESOURCE_EXHAUSTED), never the connection's reader
-and so never the other calls.
+bounded queue of their own: a caller that leaves ``max_inbound`` unread for
+over ``INBOUND_WAIT`` loses that call (RESOURCE_EXHAUSTED); the connection's
+reader waits no longer than that, so the other calls go on.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ __all__ = ["CallKind", "Client", "ClientCall", "Metadata", "open_client"]
 
 #: Messages a streaming call may have waiting to be read before it fails.
 MAX_INBOUND = 256
+#: Seconds a full queue may stay full (the connection's reader waiting) before its call fails.
+INBOUND_WAIT = 1.0
 
 #: What a call's metadata may be: a mapping (a value may be a list of values),
 #: or ``(key, value)`` pairs in the order they are sent.
@@ -89,11 +91,20 @@ class ClientCall:
         self._payload: bytes | None = None
 
     # -- what the connection's reader does --------------------------------------------
-    def _message(self, data: bytes) -> None:
+    async def _message(self, data: bytes) -> None:
         assert self._send is not None, "the codec gives no messages to unary calls"
         try:
             self._send.send_nowait(data)
+            return
         except trio.WouldBlock:
+            pass
+        with trio.move_on_after(INBOUND_WAIT):  # a burst: the reader waits a little
+            try:
+                await self._send.send(data)
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                pass
+            return
+        if self._status is None:
             self._client._abandon(self.stream_id)
             self._end(
                 Status(
@@ -209,7 +220,7 @@ class _ClientSession(Session):
         if isinstance(event, StreamMessage):
             call = calls.get(event.stream_id)
             if call is not None:
-                call._message(event.data)
+                await call._message(event.data)
         elif isinstance(event, Reply):
             call = calls.pop(event.stream_id, None)
             if call is not None:

@@ -5,9 +5,11 @@ serve a connection with :class:`TtrpcSession` (the protocol toolkit's
 :class:`~gateway.protocol.Session` driving :class:`ServerConnection`). Each
 call runs in a task of its own, so calls on one connection run concurrently
 and their replies go out in completion order, as Go's server does. A call's
-inbound messages wait in a bounded queue of their own; a client that
-overfills it fails that call with RESOURCE_EXHAUSTED, never stalling the
-connection's reader for the others. ``timeout_nano`` becomes the handler's
+inbound messages wait in a bounded queue of their own; a burst larger than
+the queue pauses the connection's reading while the handler makes room, and
+a handler that leaves it full for ``INBOUND_WAIT`` fails its call alone with
+RESOURCE_EXHAUSTED (Go's main branch does the same; 1.2.4 blocks the
+connection for as long as it takes). ``timeout_nano`` becomes the handler's
 deadline: DEADLINE_EXCEEDED "context deadline exceeded" when it passes.
 
 Handlers take and return bytes (the messages' serialized form); they raise
@@ -40,6 +42,9 @@ log = logging.getLogger(__name__)
 #: Inbound messages a call may have waiting before it fails (Go 1.2.4 buffers 5,
 #: main 64 for client-streaming methods).
 INBOUND_MESSAGES = 64
+#: Seconds a handler has to make room in its full queue before its call fails (as
+#: Go's main branch waits); the connection's reading pauses meanwhile.
+INBOUND_WAIT = 1.0
 
 #: Calls one connection may run at once, by default (Go sets no limit).
 MAX_CALLS = 1024
@@ -153,7 +158,7 @@ class TtrpcSession(Session):
         if isinstance(event, Call):
             self._call(event)
         elif isinstance(event, Message):
-            self._message(event)
+            await self._message(event)
         elif isinstance(event, HalfClosed):
             active = self._calls.get(event.stream_id)
             if active is not None and active.inbound is not None:
@@ -203,20 +208,28 @@ class TtrpcSession(Session):
     def _refuse(self, sid: int, status: Status) -> None:
         self.write(self.codec.respond(sid, status=status))
 
-    def _message(self, event: Message) -> None:
+    async def _message(self, event: Message) -> None:
         active = self._calls.get(event.stream_id)
         if active is None or active.inbound is None:
             return  # a call that takes no messages, or one that ended meanwhile
         try:
-            active.inbound.send_nowait(event.data)
-        except trio.WouldBlock:
-            active.failed = Status(
-                Code.RESOURCE_EXHAUSTED,
-                f"more than {INBOUND_MESSAGES} messages waiting on stream {event.stream_id}",
-            )
-            active.scope.cancel()
+            try:
+                active.inbound.send_nowait(event.data)
+                return
+            except trio.WouldBlock:
+                pass
+            # A burst read at once: its handler gets INBOUND_WAIT to make room (reading
+            # pauses meanwhile); one that does not read fails alone.
+            with trio.move_on_after(INBOUND_WAIT):
+                await active.inbound.send(event.data)
+                return
         except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass
+            return
+        active.failed = Status(
+            Code.RESOURCE_EXHAUSTED,
+            f"more than {INBOUND_MESSAGES} messages waiting on stream {event.stream_id}",
+        )
+        active.scope.cancel()
 
     async def _run(
         self, sid: int, method: Method, context: CallContext, payload: bytes, active: _Active

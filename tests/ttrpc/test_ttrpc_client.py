@@ -210,7 +210,7 @@ async def test_cancelled_call_is_forgotten(
 
 
 async def test_overfull_inbound_queue_fails_only_its_call(
-    nursery: trio.Nursery, seen_timeouts: list[float]
+    nursery: trio.Nursery, seen_timeouts: list[float], autojump_clock: trio.testing.MockClock
 ) -> None:
     table = services(seen_timeouts)
 
@@ -221,7 +221,8 @@ async def test_overfull_inbound_queue_fails_only_its_call(
     stream = await trio.testing.open_stream_to_socket_listener(listeners[0])
     async with open_client(stream, max_inbound=4) as client:
         async with client.stream(SVC, "Count", CallKind.SERVER_STREAMING, b"10") as call:
-            # Not read while the server sends 10: the 5th has no room.
+            # Not read while the server sends 10: the 5th finds no room for a second.
+            await trio.sleep(2)
             assert await client.call(SVC, "Echo", b"after") == b"after"
             got = [await call.receive() for _ in range(4)]
             assert got == [b"0", b"1", b"2", b"3"]
@@ -229,6 +230,14 @@ async def test_overfull_inbound_queue_fails_only_its_call(
                 await call.receive()
             assert info.value.code == Code.RESOURCE_EXHAUSTED
         assert await client.call(SVC, "Echo", b"ok") == b"ok"
+
+
+async def test_a_burst_larger_than_the_queue_reaches_a_reader_that_keeps_up(
+    client: Client,
+) -> None:
+    async with client.stream(SVC, "Count", CallKind.SERVER_STREAMING, b"2000") as call:
+        got = [m async for m in call]
+    assert got == [str(i).encode() for i in range(2000)]
 
 
 async def test_lost_connection_fails_its_calls(autojump_clock: trio.testing.MockClock) -> None:

@@ -17,6 +17,7 @@ from protocols.ttrpc import status as statuses
 from protocols.ttrpc.client_codec import CallKind, ClientConnection, Reply, StreamMessage
 from protocols.ttrpc.server import (
     INBOUND_MESSAGES,
+    INBOUND_WAIT,
     CallContext,
     MessageStream,
     Service,
@@ -173,12 +174,28 @@ async def test_a_deadline_ends_the_handler(
     assert trio.current_time() - before == pytest.approx(5, abs=0.5)
 
 
-async def test_an_overfull_inbound_queue_fails_only_its_call(client: Client) -> None:
+async def test_an_overfull_inbound_queue_fails_only_its_call(
+    client: Client, autojump_clock: trio.testing.MockClock
+) -> None:
     sid, wire = client.codec.start(CallKind.CLIENT_STREAMING, "test.v1.Echo", "Deaf")
     for _ in range(INBOUND_MESSAGES + 1):
         wire += client.codec.send(sid, b"x")
+    before = trio.current_time()
     await client.send(wire)
     (reply,) = await client.events(sid)
     assert isinstance(reply, Reply)
     assert reply.status.code == Code.RESOURCE_EXHAUSTED
+    assert trio.current_time() - before == pytest.approx(INBOUND_WAIT, abs=0.1)
     assert (await client.unary("Echo", b"still")).payload == b"still|"
+
+
+async def test_a_burst_larger_than_the_queue_reaches_a_handler_that_keeps_up(
+    client: Client,
+) -> None:
+    sid, wire = client.codec.start(CallKind.CLIENT_STREAMING, "test.v1.Echo", "Total")
+    for _ in range(INBOUND_MESSAGES * 4):
+        wire += client.codec.send(sid, b"1")
+    wire += client.codec.close_send(sid)
+    await client.send(wire)
+    (reply,) = await client.events(sid)
+    assert reply == Reply(sid, OK, str(INBOUND_MESSAGES * 4).encode())
