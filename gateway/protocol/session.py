@@ -150,6 +150,9 @@ class Session:
         self._progress = trio.lowlevel.ParkingLot()
         self._last_write = trio.current_time()
         self._reading = trio.CancelScope()
+        #: Reading was stopped (the reader checks it after each event: cheaper than
+        #: asking the cancel scope).
+        self._stop_reading = False
         self._read_scope: trio.CancelScope | None = None
         self._deadline = math.inf
         self._deadline_reason = ""
@@ -280,6 +283,7 @@ class Session:
 
     def stop(self) -> None:
         """Stop reading; :meth:`run` returns once every answer owed is written."""
+        self._stop_reading = True
         self._reading.cancel()
 
     def pending(self) -> bool:
@@ -373,7 +377,6 @@ class Session:
         handle = self.handle
         useful = self.useful
         answers = self.answers
-        reading = self._reading
         guard = self.guard
         account = guard.account if guard is not None else None
         while True:
@@ -414,7 +417,7 @@ class Session:
                 self._unit_started = None  # a unit arrived whole: its clock stops
                 self._unit_expired = ""
                 await handle(event)
-                if reading.cancel_called:  # stop() from handle: later events are not taken
+                if self._stop_reading:  # stop() from handle: later events are not taken
                     return
                 if not progressed and useful(event):
                     progressed = True
@@ -530,6 +533,7 @@ class Session:
         await self.shutdown.wait()
         self.draining()
         if not self.read_while_draining:
+            self._stop_reading = True
             self._reading.cancel()
             return
         await self._until(self._drained)
@@ -582,8 +586,14 @@ class Session:
                 self._room.unpark_all()
             self._sending = True
             try:
-                with trio.fail_after(self.write_timeout or math.inf):
+                timeout = self.write_timeout
+                scope = trio.CancelScope(
+                    deadline=trio.current_time() + timeout if timeout else math.inf
+                )
+                with scope:
                     await stream.send_all(data)
+                if scope.cancelled_caught:
+                    raise trio.TooSlowError
             except trio.TooSlowError:
                 if self._failed:
                     # The peer broke the protocol and does not read our error reply:

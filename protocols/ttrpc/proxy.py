@@ -148,6 +148,16 @@ class Pool:
         self._failed_at = -math.inf
         self._failure = ""
 
+    def ready_link(self) -> Link | None:
+        """The connection for a new stream when one is ready without connecting."""
+        best = self._best()
+        if best is not None and (
+            best.codec.active_streams < self.streams_per_connection
+            or len(self.links) >= self.max_connections
+        ):
+            return best
+        return None
+
     def _best(self) -> Link | None:
         best = None
         for link in self.links:
@@ -159,19 +169,14 @@ class Pool:
 
     async def link(self) -> Link:
         """A connection for a new stream; ``OSError`` when the upstream cannot be reached."""
-        best = self._best()
-        if best is not None and (
-            best.codec.active_streams < self.streams_per_connection
-            or len(self.links) >= self.max_connections
-        ):
-            return best
+        ready = self.ready_link()
+        if ready is not None:
+            return ready
         async with self._connecting:
-            best = self._best()  # another call may have connected meanwhile
-            if best is not None and (
-                best.codec.active_streams < self.streams_per_connection
-                or len(self.links) >= self.max_connections
-            ):
-                return best
+            ready = self.ready_link()  # another call may have connected meanwhile
+            if ready is not None:
+                return ready
+            best = self._best()
             if trio.current_time() - self._failed_at < self.retry_after:
                 if best is not None:
                     return best
@@ -269,8 +274,9 @@ class ProxySession(TtrpcSession):
 
     async def handle(self, event: object) -> None:
         if isinstance(event, Call):
-            if event.request.service not in self.services and not self._draining:
-                pool = self.routes.pool_for(event.request.service)
+            service = event.request.service
+            if service not in self.services and not self._draining:
+                pool = self.routes.pool_for(service)
                 if pool is not None:
                     await self._open(event, pool)
                     return
@@ -288,19 +294,23 @@ class ProxySession(TtrpcSession):
         await super().handle(event)
 
     async def _open(self, call: Call, pool: Pool) -> None:
-        arrived = trio.current_time()
+        timeout = call.request.timeout_nano
+        arrived = trio.current_time() if timeout > 0 else 0.0
         sid = call.stream_id
         if len(self._proxied) + len(self._calls) >= self.max_calls:
             self.write(self.codec.respond(sid, status=too_many_calls(self.max_calls)))
             return
-        try:
-            link = await pool.link()
-        except OSError as e:
-            self.write(self.codec.respond(sid, status=Status(Code.UNAVAILABLE, str(e))))
-            return
-        await link.wait_for_room()
+        link = pool.ready_link()
+        waited = link is None or link.unsent > link.high_water
+        if link is None:
+            try:
+                link = await pool.link()
+            except OSError as e:
+                self.write(self.codec.respond(sid, status=Status(Code.UNAVAILABLE, str(e))))
+                return
+        if waited:
+            await link.wait_for_room()
         request = call.data
-        timeout = call.request.timeout_nano
         if timeout > 0:
             left = timeout - int((trio.current_time() - arrived) * 1e9)
             if left <= 0:
@@ -310,8 +320,8 @@ class ProxySession(TtrpcSession):
             shrunk.CopyFrom(call.request)
             shrunk.timeout_nano = left
             request = shrunk.SerializeToString()
-        if link.lost or self.codec.stream_state(sid) is None:
-            # The upstream went while we waited for room, or the client's stream ended.
+        if waited and (link.lost or self.codec.stream_state(sid) is None):
+            # The upstream went while we waited, or the client's stream ended meanwhile.
             if self.codec.stream_state(sid) is not None:
                 self.write(self.codec.respond(sid, status=_lost(pool)))
             return
@@ -321,7 +331,8 @@ class ProxySession(TtrpcSession):
 
     async def _send(self, event: Message | HalfClosed, proxied: _Proxied) -> None:
         link = proxied.link
-        await link.wait_for_room()
+        if link.unsent > link.high_water:
+            await link.wait_for_room()
         if isinstance(event, Message):
             link.write(link.codec.data(proxied.sid, 0, event.data))
         else:
@@ -331,8 +342,10 @@ class ProxySession(TtrpcSession):
     def relay(self, event: Relay) -> None:
         """A frame from upstream for the client's stream ``event.stream_id``."""
         if event.ends:
-            self._proxied.pop(event.stream_id, None)
-            self.progress()
+            proxied = self._proxied
+            proxied.pop(event.stream_id, None)
+            if not proxied:
+                self.progress()  # a drain may wait for this (busy() is over)
         frame = self.codec.forward(event.stream_id, event.type, event.flags, event.data)
         if frame is None:
             return

@@ -14,7 +14,7 @@ dropped. An oversize frame fails only its stream (:class:`Failed`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.errors import LocalProtocolError
 
@@ -29,8 +29,7 @@ __all__ = ["Failed", "ProxyClientConnection", "Relay", "UpstreamEvent"]
 MAX_CLIENT_ID = 2**31 - 1
 
 
-@dataclass(frozen=True, slots=True)
-class Relay:
+class Relay(NamedTuple):
     """A frame for the client's stream ``stream_id`` on ``owner``'s connection.
 
     ``ends``: the stream is over on this connection (the owner's codec decides
