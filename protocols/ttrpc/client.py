@@ -153,10 +153,7 @@ class ClientCall:
                 pass
         if scope.cancelled_caught:
             self._expire()
-        status = self._status
-        assert status is not None
-        if not status.ok:
-            raise status.error()
+        self._raise_if_failed()
         raise trio.EndOfChannel
 
     def __aiter__(self) -> AsyncIterator[bytes]:
@@ -179,11 +176,15 @@ class ClientCall:
                 await self._ended.wait()
             if scope.cancelled_caught:
                 self._expire()
+        self._raise_if_failed()
+        return self._payload or b""
+
+    def _raise_if_failed(self) -> None:
+        """The call has ended: raise its error unless it ended OK."""
         status = self._status
         assert status is not None
         if not status.ok:
             raise status.error()
-        return self._payload or b""
 
     def _expire(self) -> None:
         self._client._abandon(self.stream_id)
