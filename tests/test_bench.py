@@ -31,6 +31,7 @@ def test_bench_lists_its_benchmarks() -> None:
         "lumberjack",
         "lumberjack-relay",
         "hub-roundtrip",
+        "ttrpc-echo",
     ):
         assert name in out
 
@@ -45,6 +46,8 @@ def test_bench_lists_its_benchmarks() -> None:
         ("lumberjack", "acked events", ()),
         ("segment-append", "acked / raw", ("--read", "warm")),
         ("segment-append", "acked / raw", ("--client", "replay", "--writers", "2", "--shared")),
+        ("ttrpc-echo", "py calls", ("--pairs", "py")),
+        ("ttrpc-echo", "go-proxy / go", ()),
     ],
 )
 def test_a_short_run_passes_its_self_checks(
