@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +23,8 @@ from typing import Any
 
 import trio
 
+from ._process import cpu_times, stop
+
 __all__ = ["RunningGateway", "run_gateway", "to_toml"]
 
 #: How long the gateway may take to import, bind and log its addresses.
@@ -33,7 +33,6 @@ START_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
 _SERVING = re.compile(r"gateway\.runtime: serving: (.*)$")
 _LISTENER = re.compile(r"(\S+) \((\S+)\) on (.+)")
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 class RunningGateway:
@@ -54,15 +53,7 @@ class RunningGateway:
 
     def cpu_times(self) -> tuple[float, float] | None:
         """``(user, system)`` CPU seconds of the gateway process so far (None in-process)."""
-        if self.pid is None:
-            return None
-        try:
-            with open(f"/proc/{self.pid}/stat", encoding="ascii") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        # Fields 14 and 15 of proc(5) (utime, stime); the split starts at field 3.
-        return int(fields[11]) / _CLOCK_TICKS, int(fields[12]) / _CLOCK_TICKS
+        return None if self.pid is None else cpu_times(self.pid)
 
     def cpu_seconds(self) -> float | None:
         """User plus system CPU time of the gateway process so far (None in-process)."""
@@ -183,7 +174,7 @@ async def supervise(
                     yield
                 finally:
                     with trio.CancelScope(shield=True):
-                        await _stop(process)
+                        await stop(process, STOP_TIMEOUT)
                         running.returncode = process.returncode
                         # Keep its last lines (the shutdown) unless something holds the pipe.
                         with trio.move_on_after(log_grace):
@@ -198,17 +189,6 @@ async def supervise(
     # Raised out here, not inside the nursery, so it is not wrapped in an exception group.
     if failure is not None:
         raise RuntimeError(failure)
-
-
-async def _stop(process: trio.Process) -> None:
-    if process.returncode is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    with trio.move_on_after(STOP_TIMEOUT):
-        await process.wait()
-        return
-    process.kill()
-    await process.wait()
 
 
 async def _read_log(

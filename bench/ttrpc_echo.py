@@ -51,19 +51,16 @@ import argparse
 import contextlib
 import hashlib
 import math
-import os
 import re
 import resource
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any, cast
 
 import trio
 from google.protobuf import wrappers_pb2
@@ -74,6 +71,7 @@ from protocols.ttrpc.status import TtrpcError
 from . import Result, int_at_least, percentile, register
 from ._gateway import RunningGateway, supervise, to_toml
 from ._ndjson import check_gateway
+from ._process import ReadyProcess, cpu_times, ready_process
 from ._system import busy_seconds, wait_for_idle
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,7 +101,6 @@ DRAIN_TIMEOUT = 10.0
 #: ttrpc's frame header: length, stream id, type, flags.
 FRAME_HEADER = 10
 
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _METRICS_LINE = re.compile(r"metrics: GET /metrics on (\S+)")
 
 
@@ -189,15 +186,8 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 def cpu_seconds(pid: int | None) -> float | None:
     """User plus system CPU seconds of process ``pid`` so far (None if unknown or gone)."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    # Fields 14 and 15 of proc(5) (utime, stime); the split starts at field 3.
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    times = None if pid is None else cpu_times(pid)
+    return None if times is None else times[0] + times[1]
 
 
 def children_cpu_seconds() -> float:
@@ -206,53 +196,22 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-@dataclass
-class OurServer:
-    """Our Echo server's process (``bench/_ttrpc_server.py``)."""
-
-    address: str
-    process: trio.Process
-    stderr: IO[bytes] = field(repr=False)
-
-    def log(self) -> str:
-        fd = self.stderr.fileno()
-        return os.pread(fd, os.fstat(fd).st_size, 0).decode("utf-8", "replace")
+#: Our Echo server's process (``bench/_ttrpc_server.py``).
+OurServer = ReadyProcess
 
 
 @contextlib.asynccontextmanager
 async def our_server(address: str) -> AsyncIterator[OurServer]:
     """Run our Echo server on ``address`` for the block (stderr to a temporary file)."""
-    command = [sys.executable, "-m", "bench._ttrpc_server", address]
-    with tempfile.TemporaryFile() as stderr:
-        process = await trio.lowlevel.open_process(
-            command,
-            cwd=str(ROOT),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-        )
-        try:
-            assert process.stdout is not None
-            ready = b""
-            with trio.move_on_after(START_TIMEOUT):
-                while b"\n" not in ready and (data := await process.stdout.receive_some()):
-                    ready += data
-            line = ready.partition(b"\n")[0].decode("utf-8", "replace")
-            if not line.startswith("ready "):
-                log = OurServer(address, process, stderr).log()
-                raise RuntimeError(f"our ttrpc server on {address} did not start: {line!r}\n{log}")
-            yield OurServer(line.partition(" ")[2], process, stderr)
-        finally:
-            with trio.CancelScope(shield=True):
-                if process.returncode is None:
-                    process.send_signal(signal.SIGTERM)
-                    with trio.move_on_after(STOP_TIMEOUT):
-                        await process.wait()
-                    if process.returncode is None:
-                        process.kill()
-                await process.wait()
-                if process.stdout is not None:
-                    await process.stdout.aclose()
+    async with ready_process(
+        [sys.executable, "-m", "bench._ttrpc_server", address],
+        address,
+        what="our ttrpc server",
+        start_timeout=START_TIMEOUT,
+        stop_timeout=STOP_TIMEOUT,
+        cwd=ROOT,
+    ) as server:
+        yield server
 
 
 def _go_helpers() -> Any:

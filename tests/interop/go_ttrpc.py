@@ -31,18 +31,18 @@ import difflib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import Any, NoReturn
 
 import pytest
 import trio
+
+from bench._process import ReadyProcess, ready_process
 
 __all__ = [
     "GO_SOURCE",
@@ -180,26 +180,11 @@ def socket_dir() -> Iterator[Path]:
         yield Path(directory)
 
 
-@dataclass
-class GoServer:
-    """A running Go Echo server."""
-
-    #: The address it listens on, as the program takes it (``tcp:127.0.0.1:PORT``).
-    address: str
-    process: trio.Process
-    _stderr: IO[bytes] = field(repr=False)
-
-    def log(self) -> str:
-        """What it wrote to stderr so far (logrus lines: e.g. a panic, or
-        ``received message on inactive stream``)."""
-        # pread: the server shares the file's offset, which must stay at the end.
-        fd = self._stderr.fileno()
-        return os.pread(fd, os.fstat(fd).st_size, 0).decode("utf-8", "replace")
-
-    @property
-    def alive(self) -> bool:
-        """Still running (a Go ttrpc 1.2.4 server dies of some bad input)."""
-        return self.process.returncode is None
+#: A running Go Echo server: ``address`` (as the program takes it, e.g.
+#: ``tcp:127.0.0.1:PORT``), ``log()`` (its stderr so far: logrus lines, e.g. a panic or
+#: ``received message on inactive stream``), ``alive`` (a Go ttrpc 1.2.4 server dies
+#: of some bad input).
+GoServer = ReadyProcess
 
 
 @asynccontextmanager
@@ -207,46 +192,14 @@ async def go_server(binary: Path, address: str = "tcp:127.0.0.1:0") -> AsyncIter
     """Run the Go Echo server on ``address`` for the ``with`` block: returns once it
     listens, stops it (SIGTERM, then SIGKILL) at exit. Its stderr goes to a temporary
     file, so no task has to drain a pipe."""
-    with tempfile.TemporaryFile() as stderr:
-        process = await trio.lowlevel.open_process(
-            [str(binary), "server", "-addr", address],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-        )
-        try:
-            assert process.stdout is not None
-            ready = b""
-            with trio.move_on_after(START_TIMEOUT) as waiting:
-                while b"\n" not in ready and (data := await process.stdout.receive_some()):
-                    ready += data
-            line = ready.partition(b"\n")[0].decode("utf-8", "replace")
-            if not line.startswith("ready"):
-                if waiting.cancelled_caught:
-                    why = f"was not ready within {START_TIMEOUT:g}s"
-                elif b"\n" in ready:
-                    why = f"printed {line!r} instead of ready"
-                else:
-                    why = f"exited with {await process.wait()}"
-                log = GoServer(address, process, stderr).log()
-                raise RuntimeError(f"the Go ttrpc server on {address} {why}; its stderr:\n{log}")
-            # "ready ADDR": the address bound (the port the kernel chose for port 0).
-            yield GoServer(line.partition(" ")[2] or address, process, stderr)
-        finally:
-            with trio.CancelScope(shield=True):
-                await _stop(process)
-                if process.stdout is not None:
-                    await process.stdout.aclose()
-
-
-async def _stop(process: trio.Process) -> None:
-    if process.returncode is None:
-        process.send_signal(signal.SIGTERM)
-        with trio.move_on_after(STOP_TIMEOUT):
-            await process.wait()
-            return
-        process.kill()
-    await process.wait()
+    async with ready_process(
+        [str(binary), "server", "-addr", address],
+        address,
+        what="the Go ttrpc server",
+        start_timeout=START_TIMEOUT,
+        stop_timeout=STOP_TIMEOUT,
+    ) as server:
+        yield server
 
 
 async def _run(args: list[str], timeout: float) -> str:
