@@ -183,7 +183,7 @@ class _Table:
         minimum: float | None = None,
         maximum: float | None = None,
         choices: tuple[str, ...] = (),
-        check: Callable[[Any], None] | None = None,
+        check: Callable[[Any], object] | None = None,
     ) -> Any:
         self.used.add(name)
         if name not in self.data:

@@ -82,8 +82,9 @@ class Option:
     #: For ``table``/``tables``: the keys of the table (of each entry), which may nest.
     fields: Mapping[str, Option] = field(default_factory=dict)
     #: Extra validation of the converted value (for ``tables`` the whole list,
-    #: for ``table`` the dict): raise ``ValueError`` with a reason for the user.
-    check: Callable[[Any], None] | None = None
+    #: for ``table`` the dict): raise ``ValueError`` with a reason for the user
+    #: (what it returns is ignored).
+    check: Callable[[Any], object] | None = None
 
     def __post_init__(self) -> None:
         kind = self.kind

@@ -533,8 +533,7 @@ class Session:
         await self.shutdown.wait()
         self.draining()
         if not self.read_while_draining:
-            self._stop_reading = True
-            self._reading.cancel()
+            self.stop()
             return
         await self._until(self._drained)
         self.nursery.cancel_scope.cancel()

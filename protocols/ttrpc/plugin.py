@@ -52,12 +52,12 @@ def _ids(names: Sequence[str], lookup: Any, what: str) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _uids(names: Sequence[str]) -> None:
-    _ids(names, lambda n: pwd.getpwnam(n).pw_uid, "user")
+def _uids(names: Sequence[str]) -> frozenset[int]:
+    return _ids(names, lambda n: pwd.getpwnam(n).pw_uid, "user")
 
 
-def _gids(names: Sequence[str]) -> None:
-    _ids(names, lambda n: grp.getgrnam(n).gr_gid, "group")
+def _gids(names: Sequence[str]) -> frozenset[int]:
+    return _ids(names, lambda n: grp.getgrnam(n).gr_gid, "group")
 
 
 class TtrpcPlugin(ProtocolPlugin):
@@ -121,8 +121,7 @@ class TtrpcPlugin(ProtocolPlugin):
                     )
                 routes.append(Route(entry["match"], name))
             self._routes[listener.name] = Routes(routes, self._pools)
-            uids = _ids(o["allowed_uids"], lambda n: pwd.getpwnam(n).pw_uid, "user")
-            gids = _ids(o["allowed_gids"], lambda n: grp.getgrnam(n).gr_gid, "group")
+            uids, gids = _uids(o["allowed_uids"]), _gids(o["allowed_gids"])
             if (uids or gids) and not listener.bind.startswith("unix:"):
                 raise PluginError(
                     f"listener {listener.name!r}: allowed_uids/allowed_gids need a unix: bind"
