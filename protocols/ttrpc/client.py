@@ -38,6 +38,8 @@ from typing import Any
 import trio
 
 from gateway.protocol import Session
+from gateway.transports.tcp import transport as tcp_transport
+from gateway.transports.unix import transport as unix_transport
 
 from .client_codec import CallKind, ClientConnection, Reply, StreamMessage
 from .status import Code, Status, TtrpcError, deadline_exceeded
@@ -373,13 +375,11 @@ class Client:
 
 
 async def connect_stream(address: str) -> trio.abc.Stream:
-    """A stream to ``host:port`` (TCP, no Nagle delay) or ``unix:/path``."""
-    if address.startswith("unix:"):
-        return await trio.open_unix_socket(address[len("unix:") :])
-    host, sep, port = address.removeprefix("tcp:").rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"{address!r} is neither host:port nor unix:/path")
-    return await trio.open_tcp_stream(host.strip("[]"), int(port))
+    """A stream to ``host:port`` (or Go's ``tcp:host:port``) or ``unix:/path``, by the
+    gateway's own transports (the same parsing and errors as its upstreams)."""
+    if unix_transport.claims(address):
+        return await unix_transport.connect(address)
+    return await tcp_transport.connect(address.removeprefix("tcp:"))
 
 
 @asynccontextmanager

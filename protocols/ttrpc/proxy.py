@@ -142,7 +142,7 @@ class Pool:
         self.streams_per_connection = streams_per_connection
         self.write_timeout = write_timeout
         self.retry_after = upstream.settings.backoff_initial
-        self.log = logging.LoggerAdapter(log, {})
+        self.log = log
         self.links: list[Link] = []
         self._connecting = trio.Lock()
         self._failed_at = -math.inf
@@ -212,8 +212,8 @@ class Pool:
         try:
             async with link.stream:
                 await link.run()
-        except* (OSError, trio.BrokenResourceError, trio.TooSlowError, Exception) as eg:
-            reason = describe_error(first_leaf(eg))
+        except* Exception as eg:  # the stream's errors, a write timeout, a fault of ours:
+            reason = describe_error(first_leaf(eg))  # each fails the calls on it, logged below
         finally:
             link.lost = True
             self.links.remove(link)
