@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,14 @@ class Task:
     done: bool = False
     result: Any = None
     error: BaseException | None = None
+    finished: trio.Event = field(default_factory=trio.Event)
+
+    async def wait(self) -> Any:
+        """The call's result once it returned (its error, raised)."""
+        await self.finished.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result
 
 
 def start(nursery: trio.Nursery, fn: Callable[..., Awaitable[Any]], *args: Any) -> Task:
@@ -56,6 +64,7 @@ def start(nursery: trio.Nursery, fn: Callable[..., Awaitable[Any]], *args: Any) 
         except Exception as e:
             task.error = e
         task.done = True
+        task.finished.set()
 
     nursery.start_soon(run)
     return task

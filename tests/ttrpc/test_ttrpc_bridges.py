@@ -11,7 +11,7 @@ reply, and an ndjson call by a ttrpc Consume stream's reply.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import trio
-from harness import host_port, running_gateway, settle
+from harness import Task, host_port, running_gateway, settle, start
 from interchange_ndjson.client import NdjsonClient
 from interchange_ndjson.events import Deliver, Replied
 
@@ -77,36 +77,18 @@ async def joined(gw: Gateway, destination: str, members: int = 1) -> None:
             await trio.sleep(0.01)
 
 
-class Background:
-    """Run ``fn`` in the nursery; its result (or error) once done."""
+async def still_pending(task: Task) -> bool:
+    """Not done, even after everything else ran and a little time passed."""
+    await settle()
+    with trio.move_on_after(QUIET):
+        await task.finished.wait()
+    return not task.done
 
-    def __init__(self, nursery: trio.Nursery, fn: Callable[[], Awaitable[Any]]) -> None:
-        self.done = trio.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
 
-        async def run() -> None:
-            try:
-                self.result = await fn()
-            except Exception as e:
-                self.error = e
-            self.done.set()
-
-        nursery.start_soon(run)
-
-    async def still_pending(self) -> bool:
-        """Not done, even after everything else ran and a little time passed."""
-        await settle()
-        with trio.move_on_after(QUIET):
-            await self.done.wait()
-        return not self.done.is_set()
-
-    async def wait(self) -> Any:
-        with trio.fail_after(DEADLINE):
-            await self.done.wait()
-        if self.error is not None:
-            raise self.error
-        return self.result
+async def outcome(task: Task) -> Any:
+    """The background call's result, within ``DEADLINE``."""
+    with trio.fail_after(DEADLINE):
+        return await task.wait()
 
 
 def msg(destination: str, body: bytes, content_type: str | None = None, **headers: str) -> Any:
@@ -186,7 +168,7 @@ async def test_a_ttrpc_publish_reaches_an_ndjson_subscriber_and_waits_for_its_ac
     ):
         await subscriber.subscribe("events", "readers")
         await joined(gw, "events")
-        pending = Background(
+        pending = start(
             nursery,
             lambda: publish(
                 publisher,
@@ -202,11 +184,11 @@ async def test_a_ttrpc_publish_reaches_an_ndjson_subscriber_and_waits_for_its_ac
             ("events", b"three", {}, None),
         ]
         assert not any(d.call or d.redelivered for d in got)
-        assert await pending.still_pending(), "answered before the subscriber acked anything"
+        assert await still_pending(pending), "answered before the subscriber acked anything"
         await subscriber.ack(got[0].tag, got[1].tag)
-        assert await pending.still_pending(), "answered while one message is unacked"
+        assert await still_pending(pending), "answered while one message is unacked"
         await subscriber.ack(got[2].tag)
-        response = await pending.wait()
+        response = await outcome(pending)
     assert response.outcome == DELIVERED
     assert [r.outcome for r in response.results] == [DELIVERED] * 3
 
@@ -345,13 +327,13 @@ async def test_an_ndjson_publisher_is_acked_only_once_a_ttrpc_consumer_acked(
         ]
         assert a.source.protocol == "ndjson"
         assert await nothing_more(s), "only 2 were granted"
-        answers = Background(nursery, lambda: nd.wait_answers(ids[:1]))
-        assert await answers.still_pending(), "the publisher was acked before the consumer"
+        answers = start(nursery, lambda: nd.wait_answers(ids[:1]))
+        assert await still_pending(answers), "the publisher was acked before the consumer"
         await s.send(consume_request(acks=[a.tag]))
-        (answer,) = await answers.wait()
+        (answer,) = await outcome(answers)
         assert (answer.id, answer.status) == (ids[0], "delivered")
         # A nack with requeue gives it back: it comes again, before the newer message.
-        rest = Background(nursery, lambda: nd.wait_answers(ids[1:]))
+        rest = start(nursery, lambda: nd.wait_answers(ids[1:]))
         await s.send(consume_request(nacks=[pb.Nack(tag=b.tag, requeue=True)]))
         assert await nothing_more(s), "no credit left for the redelivery"
         await s.send(consume_request(credit=2))
@@ -359,9 +341,9 @@ async def test_an_ndjson_publisher_is_acked_only_once_a_ttrpc_consumer_acked(
         assert (again.message.body, again.redelivered) == (b"job 1", True)
         assert again.tag != b.tag
         assert (c.message.body, c.redelivered) == (b"job 2", False)
-        assert await rest.still_pending(), "nothing of these was acked yet"
+        assert await still_pending(rest), "nothing of these was acked yet"
         await s.send(consume_request(acks=[again.tag, c.tag]))
-        answers_rest = await rest.wait()
+        answers_rest = await outcome(rest)
     assert [(x.id, x.status) for x in answers_rest] == [
         (ids[1], "delivered"),
         (ids[2], "delivered"),
@@ -456,7 +438,7 @@ async def test_an_ndjson_call_is_answered_by_a_ttrpc_consumer_s_reply(
         consuming(gw, service, "svc.echo", "svc") as s,
         ndjson(gw) as caller,
     ):
-        ok = Background(
+        ok = start(
             nursery,
             lambda: caller.call(b"ping", "svc.echo", headers={"id": "1"}, timeout=DEADLINE),
         )
@@ -466,18 +448,18 @@ async def test_an_ndjson_call_is_answered_by_a_ttrpc_consumer_s_reply(
         assert (request.message.destination, request.message.body) == ("svc.echo", b"ping")
         assert dict(request.message.headers) == {"id": "1"}
         assert request.source.protocol == "ndjson"
-        assert await ok.still_pending(), "answered before the reply"
+        assert await still_pending(ok), "answered before the reply"
         reply = pb.Reply(tag=request.tag, body=b"ping/pong", content_type="text/plain")
         reply.headers["by"] = "ttrpc"
         await s.send(consume_request(replies=[reply]))
-        answer = await ok.wait()
+        answer = await outcome(ok)
         # An error reply reaches the ndjson caller with its code and message.
-        failed = Background(nursery, lambda: caller.call(b"boom", "svc.echo", timeout=DEADLINE))
+        failed = start(nursery, lambda: caller.call(b"boom", "svc.echo", timeout=DEADLINE))
         request = await next_delivery(s)
         assert (request.call, request.message.body) == (True, b"boom")
         error = pb.Reply(tag=request.tag, code=Code.FAILED_PRECONDITION, message="not ready")
         await s.send(consume_request(replies=[error]))
-        refused = await failed.wait()
+        refused = await outcome(failed)
     assert isinstance(answer, Replied), answer
     assert (answer.body, dict(answer.headers), answer.content_type, answer.code) == (
         b"ping/pong",

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from harness import settle
+from harness import settle, start
 
 from gateway.catalog import Catalog, DestinationSpec
 from gateway.destination import Subscription
@@ -160,30 +160,6 @@ async def error_of(awaitable: Any) -> TtrpcError:
     return info.value
 
 
-class Background:
-    """Run ``fn`` in the nursery; its result (or error) once done."""
-
-    def __init__(self, nursery: trio.Nursery, fn: Callable[[], Any]) -> None:
-        self.done = trio.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-        async def run() -> None:
-            try:
-                self.result = await fn()
-            except Exception as e:
-                self.error = e
-            self.done.set()
-
-        nursery.start_soon(run)
-
-    async def wait(self) -> Any:
-        await self.done.wait()
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
 # -- Publish ------------------------------------------------------------------------------
 
 
@@ -229,11 +205,11 @@ async def test_publish_answers_only_once_subscribers_acked(
 ) -> None:
     with gw.hub.subscribe("logs", "readers") as sub:
         async with gw.client() as c:
-            pending = Background(nursery, lambda: publish(c, msg("logs", b"a"), msg("logs", b"b")))
+            pending = start(nursery, lambda: publish(c, msg("logs", b"a"), msg("logs", b"b")))
             deliveries = await sub.receive()
             sub.ack(deliveries[0].tag)
             await settle()
-            assert not pending.done.is_set(), "one message is still unacked"
+            assert not pending.done, "one message is still unacked"
             sub.nack(deliveries[1].tag, requeue=False, outcome=Outcome.FAILED, reason="disk full")
             response = await pending.wait()
     assert [(r.outcome, r.reason) for r in response.results] == [
@@ -247,7 +223,7 @@ async def test_publish_to_a_full_destination_waits_until_its_deadline(
     gw: Gateway, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with gw.client() as c:
-        first = Background(nursery, lambda: publish(c, msg("small", b"1")))
+        first = start(nursery, lambda: publish(c, msg("small", b"1")))
         await settle()
         before = trio.current_time()
         error = await error_of(publish(c, msg("small", b"2"), timeout=5))
@@ -420,9 +396,7 @@ async def test_consume_delivers_within_credit_only(
     gw: Gateway, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with gw.client() as c, consuming(c, "jobs", "workers", credit=2) as s:
-        pending = Background(
-            nursery, lambda: publish(c, *(msg("jobs", b"%d" % i) for i in range(5)))
-        )
+        pending = start(nursery, lambda: publish(c, *(msg("jobs", b"%d" % i) for i in range(5))))
         got = [await next_delivery(s), await next_delivery(s)]
         assert await nothing_more(s), "only 2 were granted"
         # Acks free no credit: only a grant does.
@@ -444,9 +418,7 @@ async def test_consume_window_bounds_deliveries_in_flight(
     gw: Gateway, nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with gw.client() as c, consuming(c, "jobs", "workers", window=2) as s:
-        pending = Background(
-            nursery, lambda: publish(c, *(msg("jobs", b"%d" % i) for i in range(3)))
-        )
+        pending = start(nursery, lambda: publish(c, *(msg("jobs", b"%d" % i) for i in range(3))))
         first, second = await next_delivery(s), await next_delivery(s)
         assert await nothing_more(s), "the window is full"
         await s.send(consume_request(acks=[first.tag]))
@@ -457,15 +429,13 @@ async def test_consume_window_bounds_deliveries_in_flight(
 
 async def test_ack_settles_nack_requeues_or_rejects(gw: Gateway, nursery: trio.Nursery) -> None:
     async with gw.client() as c, consuming(c, "jobs", "workers") as s:
-        pending = Background(
-            nursery, lambda: publish(c, *(msg("jobs", b"%d" % i) for i in range(3)))
-        )
+        pending = start(nursery, lambda: publish(c, *(msg("jobs", b"%d" % i) for i in range(3))))
         a, b, r = [await next_delivery(s) for _ in range(3)]
         nacks = [pb.Nack(tag=b.tag, requeue=True), pb.Nack(tag=r.tag, reason="bad input")]
         await s.send(consume_request(acks=[a.tag], nacks=nacks))
         again = await next_delivery(s)
         assert (again.message.body, again.redelivered, again.tag != b.tag) == (b"1", True, True)
-        assert not pending.done.is_set()
+        assert not pending.done
         await s.send(consume_request(acks=[again.tag]))
         response = await pending.wait()
         # A tag settled already is refused, and ends the stream.
@@ -487,7 +457,7 @@ async def test_a_dropped_consumer_s_deliveries_go_to_the_next_one(
 ) -> None:
     async with gw.client() as publisher, gw.client() as first:
         async with consuming(first, "jobs", "workers") as s1:
-            pending = Background(nursery, lambda: publish(publisher, msg("jobs", b"job")))
+            pending = start(nursery, lambda: publish(publisher, msg("jobs", b"job")))
             taken = await next_delivery(s1)
             assert not taken.redelivered
         async with gw.client() as second, consuming(second, "jobs", "workers") as s2:
@@ -504,7 +474,7 @@ async def test_a_half_closed_consume_ends_ok_and_hands_back_what_it_did_not_ack(
 ) -> None:
     async with gw.client() as c:
         async with consuming(c, "jobs", "workers") as s:
-            pending = Background(nursery, lambda: publish(c, msg("jobs", b"a"), msg("jobs", b"b")))
+            pending = start(nursery, lambda: publish(c, msg("jobs", b"a"), msg("jobs", b"b")))
             a, b = await next_delivery(s), await next_delivery(s)
             assert (a.message.body, b.message.body) == (b"a", b"b")
             await s.send(consume_request(acks=[a.tag]))
@@ -593,7 +563,7 @@ async def test_call_is_answered_by_a_ttrpc_consumer(gw: Gateway, nursery: trio.N
         consuming(service, "svc.echo", "svc") as s,
         gw.client() as caller,
     ):
-        pending = Background(nursery, lambda: call(caller, msg("svc.echo", b"ping"), 10))
+        pending = start(nursery, lambda: call(caller, msg("svc.echo", b"ping"), 10))
         request = await next_delivery(s)
         assert request.call
         assert 9 < request.reply_within <= 10
@@ -609,7 +579,7 @@ async def test_a_reply_to_a_delivery_that_is_no_call_is_refused(
     gw: Gateway, nursery: trio.Nursery
 ) -> None:
     async with gw.client() as c, consuming(c, "jobs", "w") as s:
-        Background(nursery, lambda: publish(c, msg("jobs", b"x")))
+        start(nursery, lambda: publish(c, msg("jobs", b"x")))
         d = await next_delivery(s)
         await s.send(consume_request(replies=[pb.Reply(tag=d.tag)]))
         error = await error_of(s.receive())
@@ -662,7 +632,7 @@ async def test_shutdown_ends_streams_and_refuses_new_work(nursery: trio.Nursery)
             c.stream(SERVICE, "Subscribe", CallKind.SERVER_STREAMING, request) as sub,
             consuming(c, "jobs", "w") as s,
         ):
-            pending = Background(nursery, lambda: publish(c, msg("jobs", b"x")))
+            pending = start(nursery, lambda: publish(c, msg("jobs", b"x")))
             d = await next_delivery(s)
             shutdown.set()
             assert (await error_of(sub.receive())).code == Code.UNAVAILABLE
