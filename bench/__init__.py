@@ -26,6 +26,7 @@ __all__ = [
     "Benchmark",
     "Metric",
     "Result",
+    "add_warmup",
     "benchmarks",
     "int_at_least",
     "percentile",
@@ -84,6 +85,16 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
         return value
 
     return convert
+
+
+def add_warmup(parser: argparse.ArgumentParser, when: str = "before measuring") -> None:
+    """``--warmup SECONDS`` (default 1): load that runs first and is not counted."""
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=1.0,
+        help=f"seconds of load {when}, not counted (default: %(default)g)",
+    )
 
 
 #: The function a benchmark registers: options in, result out.

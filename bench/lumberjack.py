@@ -73,7 +73,7 @@ import trio
 from gateway.errors import RemoteProtocolError
 from protocols.lumberjack import NEED_DATA, ClientCodec, ConnectionClosed, Progress, encode_window
 
-from . import Result, int_at_least, register
+from . import Result, add_warmup, int_at_least, register
 from ._gateway import RunningGateway, supervise, to_toml
 from ._system import busy_seconds
 
@@ -970,12 +970,7 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
         default=8192,
         help="events the consumer may hold unacked (default: %(default)s)",
     )
-    parser.add_argument(
-        "--warmup",
-        type=float,
-        default=1.0,
-        help="seconds of load before measuring, not counted (default: %(default)g)",
-    )
+    add_warmup(parser)
     parser.add_argument(
         "--drain-timeout",
         type=float,

@@ -46,7 +46,7 @@ from interchange_ndjson.events import (
     Subscribe,
 )
 
-from . import Result, int_at_least, register
+from . import Result, add_warmup, int_at_least, register
 from ._gateway import RunningGateway, run_gateway
 from ._ndjson import add_cpu_metrics, check_gateway, delivered, measure
 from .ndjson_pubsub import (
@@ -93,12 +93,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         help="each call's timeout in seconds; one that expires fails the run "
         "(default: %(default)g)",
     )
-    parser.add_argument(
-        "--warmup",
-        type=float,
-        default=1.0,
-        help="seconds of load before measuring, not counted (default: %(default)g)",
-    )
+    add_warmup(parser)
     parser.add_argument(
         "--drain-timeout",
         type=float,

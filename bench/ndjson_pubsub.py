@@ -49,7 +49,7 @@ from interchange_ndjson.events import (
     Subscribe,
 )
 
-from . import Result, int_at_least, register
+from . import Result, add_warmup, int_at_least, register
 from ._gateway import RunningGateway, run_gateway
 from ._ndjson import add_cpu_metrics, check_gateway, delivered, measure
 
@@ -92,12 +92,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         default=1000,
         help="the subscriber's window: deliveries it may hold unacked (default: %(default)s)",
     )
-    parser.add_argument(
-        "--warmup",
-        type=float,
-        default=1.0,
-        help="seconds of load before measuring, not counted (default: %(default)g)",
-    )
+    add_warmup(parser)
     parser.add_argument(
         "--profile",
         type=Path,

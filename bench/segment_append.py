@@ -94,7 +94,7 @@ from protocols.segment import (
 from protocols.segment.client import SegmentReader, SegmentWriter, WriterSettings
 from protocols.segment.frames import HEADER
 
-from . import Result, int_at_least, register
+from . import Result, add_warmup, int_at_least, register
 from ._disk import drop_page_cache, sequential_write
 from ._gateway import RunningGateway, run_gateway
 from ._system import busy_seconds
@@ -771,12 +771,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         default="both",
         help="read the first segment back warm, and cold from the disk (default: both)",
     )
-    parser.add_argument(
-        "--warmup",
-        type=float,
-        default=1.0,
-        help="seconds of load before measuring, not counted (default: %(default)g)",
-    )
+    add_warmup(parser)
     parser.add_argument(
         "--drain-timeout",
         type=float,

@@ -68,7 +68,7 @@ from google.protobuf import wrappers_pb2
 from protocols.ttrpc.client import open_client
 from protocols.ttrpc.status import TtrpcError
 
-from . import Result, int_at_least, percentile, register
+from . import Result, add_warmup, int_at_least, percentile, register
 from ._gateway import RunningGateway, supervise, to_toml
 from ._ndjson import check_gateway
 from ._process import ReadyProcess, cpu_times, ready_process
@@ -153,12 +153,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="measure each pair this many times, the pairs taking turns (default: %(default)s)",
     )
-    parser.add_argument(
-        "--warmup",
-        type=float,
-        default=1.0,
-        help="seconds of load before each measurement, not counted (default: %(default)g)",
-    )
+    add_warmup(parser, "before each measurement")
     parser.add_argument(
         "--size",
         type=int_at_least(0),
