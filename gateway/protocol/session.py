@@ -61,6 +61,8 @@ from .guard import guard_of, hangup_probe
 
 __all__ = ["Codec", "NotKept", "Session"]
 
+_UNTIMED = contextlib.nullcontext()
+
 #: Bytes asked of the stream per read.
 RECEIVE_SIZE = 65536
 #: Unsent output above which :meth:`Session.write_when_room` waits.
@@ -104,6 +106,10 @@ class Session:
     #: Keep reading after ``shutdown`` is set (the peer still sends acks for our
     #: deliveries); False stops reading at once.
     read_while_draining = False
+    #: Reads may be given a deadline (:meth:`set_deadline`). A protocol that never
+    #: sets one, and runs without ``unit_timeout``, says False: its reads then go
+    #: without a cancel scope each, which costs more than a read of a few frames.
+    timed_reads = True
 
     def __init__(
         self,
@@ -273,6 +279,8 @@ class Session:
 
     def set_deadline(self, deadline: float, reason: str) -> None:
         """Fail reading with ``trio.TooSlowError(reason)`` if no data arrives by ``deadline``."""
+        if not self.timed_reads and deadline != math.inf:
+            raise RuntimeError(f"{type(self).__name__} reads without deadlines (timed_reads)")
         self._deadline = deadline
         self._deadline_reason = reason
         if self._read_scope is not None:
@@ -379,14 +387,19 @@ class Session:
         answers = self.answers
         guard = self.guard
         account = guard.account if guard is not None else None
+        # A cancel scope per read costs more than the read of a few small frames: only
+        # a session whose reads can time out has one.
+        timed = self.timed_reads or bool(self.unit_timeout)
+        scope: trio.CancelScope | contextlib.nullcontext[None] = _UNTIMED
         while True:
             if answers.full:
                 await self._pause()
-            scope = self._read_scope = trio.CancelScope(deadline=self._deadline)
-            if self._unit_expired:
-                # The unit timer fired just as the last read completed: that read won,
-                # and the unit is still partial, so this one loses at once.
-                scope.cancel()
+            if timed:
+                scope = self._read_scope = trio.CancelScope(deadline=self._deadline)
+                if self._unit_expired:
+                    # The unit timer fired just as the last read completed: that read won,
+                    # and the unit is still partial, so this one loses at once.
+                    scope.cancel()
             with scope:
                 if (
                     account is not None
@@ -403,7 +416,7 @@ class Session:
                 finally:
                     self._in_receive = False
             self._read_scope = None
-            if scope.cancelled_caught:
+            if timed and scope.cancelled_caught:  # type: ignore[union-attr]
                 raise trio.TooSlowError(self._unit_expired or self._deadline_reason)
             codec.receive_data(data)
             progressed = False

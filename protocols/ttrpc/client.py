@@ -206,6 +206,7 @@ class _ClientSession(Session):
     """The connection's reader and writer: hands replies to their calls."""
 
     codec: ClientConnection
+    timed_reads = False  # each call has its own deadline
 
     def __init__(self, stream: trio.abc.Stream, client: Client) -> None:
         super().__init__(

@@ -8,7 +8,7 @@ from typing import Generic, TypeVar
 
 from gateway.protocol import ConnectionClosed, NeedData
 
-from .frames import MAX_DATA, Frame, FrameReader, Oversize
+from .frames import MAX_DATA, Frame, FrameReader, Oversize, _frames_size
 
 __all__ = ["FramedConnection"]
 
@@ -22,11 +22,15 @@ class FramedConnection(Generic[E]):
         self._reader = FrameReader(max_data)
         #: Events decided and not yet returned (a close after its last message).
         self._queued: deque[E] = deque()
+        #: Frames cut from what was received, and the index of the next to decide.
+        self._frames: list[Frame | Oversize] = []
+        self._next = 0
 
     @property
     def held_bytes(self) -> int:
-        """Received bytes of a partial frame (skipped oversize data excluded)."""
-        return self._reader.held_bytes
+        """Received bytes not yet decided: a partial frame, whole frames not yet turned
+        into events (skipped oversize data excluded)."""
+        return self._reader.held_bytes + _frames_size(self._frames[self._next :])
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Add received bytes; ``b""`` means the peer closed its side."""
@@ -37,12 +41,21 @@ class FramedConnection(Generic[E]):
         once the peer closed its side."""
         if self._queued:
             return self._queued.popleft()
+        frames, decide = self._frames, self._frame
+        i = self._next
         while True:
-            frame = self._reader.next_event()
-            if isinstance(frame, NeedData | ConnectionClosed):
-                return frame
-            event = self._frame(frame)
+            if i >= len(frames):
+                # Cut every whole frame at once: many small frames arrive in one read.
+                frames = self._frames = self._reader.frames()
+                i = 0
+                if not frames:
+                    self._next = 0
+                    return self._reader.end()
+            frame = frames[i]
+            i += 1
+            event = decide(frame)
             if event is not None:
+                self._next = i
                 return event
 
     def _frame(self, frame: Frame | Oversize) -> E | None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections import deque
+from collections.abc import Iterable
 from typing import Final, NamedTuple
 
 from gateway.errors import LocalProtocolError
@@ -94,9 +96,11 @@ def encode_frame(stream_id: int, type: int, flags: int, data: bytes = b"") -> by
 class FrameReader:
     """Received bytes in, :class:`Frame` / :class:`Oversize` events out.
 
-    Feed with :meth:`receive_data` (``b""``: the peer closed its side); call
-    :meth:`next_event` until it returns :data:`NEED_DATA`. After the end of
-    input it returns :class:`ConnectionClosed` (a partial frame is dropped).
+    Feed with :meth:`receive_data` (``b""``: the peer closed its side); take
+    every whole frame at once with :meth:`frames` (then :meth:`end` says
+    whether more may come), or one at a time with :meth:`next_event` until it
+    returns :data:`NEED_DATA`. After the end of input :meth:`next_event`
+    returns :class:`ConnectionClosed` (a partial frame is dropped).
     """
 
     def __init__(self, max_data: int = MAX_DATA) -> None:
@@ -104,11 +108,13 @@ class FrameReader:
         self._buffer = ReceiveBuffer()
         #: Bytes of an oversize frame's data still to skip.
         self._skip = 0
+        #: Frames cut and not yet returned by :meth:`next_event`.
+        self._ready: deque[Frame | Oversize] = deque()
 
     @property
     def held_bytes(self) -> int:
         """Received bytes not yet returned (a partial frame), skipped data excluded."""
-        return len(self._buffer)
+        return len(self._buffer) + _frames_size(self._ready)
 
     @property
     def skipping(self) -> int:
@@ -118,26 +124,54 @@ class FrameReader:
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         self._buffer.feed(data)
 
-    def next_event(self) -> Frame | Oversize | ConnectionClosed | NeedData:
+    def frames(self) -> list[Frame | Oversize]:
+        """Every frame received whole since the last call, in order (an oversize one as
+        :class:`Oversize`, its data skipped as it arrives)."""
         buf = self._buffer
-        if self._skip:
-            dropped = min(self._skip, len(buf))
-            self._skip -= dropped
-            buf.advance(buf.pos + dropped)
-            if self._skip:
-                return ConnectionClosed() if buf.eof else NEED_DATA
         data, pos = buf.data, buf.pos
-        if len(data) - pos >= HEADER.size:
-            length, stream_id, type, flags = HEADER.unpack_from(data, pos)
-            start = pos + HEADER.size
-            if length > self.max_data:
-                buf.advance(start)
-                self._skip = length
-                return Oversize(stream_id, type, flags, length)
-            if len(data) - start >= length:
-                frame = Frame(stream_id, type, flags, bytes(data[start : start + length]))
-                buf.advance(start + length)
-                return frame
-        if buf.eof:
-            return ConnectionClosed()
-        return NEED_DATA
+        end = len(data)
+        skip = self._skip
+        max_data = self.max_data
+        unpack = HEADER.unpack_from
+        frames: list[Frame | Oversize] = []
+        while True:
+            if skip:
+                dropped = min(skip, end - pos)
+                skip -= dropped
+                pos += dropped
+                if skip:
+                    break
+            start = pos + 10  # HEADER.size
+            if start > end:
+                break
+            length, stream_id, type, flags = unpack(data, pos)
+            if length > max_data:
+                frames.append(Oversize(stream_id, type, flags, length))
+                pos, skip = start, length
+                continue
+            stop = start + length
+            if stop > end:
+                break
+            frames.append(Frame(stream_id, type, flags, bytes(data[start:stop])))
+            pos = stop
+        self._skip = skip
+        buf.advance(pos)
+        return frames
+
+    def end(self) -> ConnectionClosed | NeedData:
+        """What follows the last whole frame: :class:`ConnectionClosed` once the input
+        ended, else :data:`NEED_DATA`."""
+        return ConnectionClosed() if self._buffer.eof else NEED_DATA
+
+    def next_event(self) -> Frame | Oversize | ConnectionClosed | NeedData:
+        ready = self._ready
+        if not ready:
+            ready.extend(self.frames())
+            if not ready:
+                return self.end()
+        return ready.popleft()
+
+
+def _frames_size(frames: Iterable[Frame | Oversize]) -> int:
+    """Bytes of whole frames held (an oversize frame's data is never held)."""
+    return sum(HEADER.size + len(f.data) for f in frames if isinstance(f, Frame))

@@ -44,9 +44,8 @@ from gateway.protocol import Session
 
 from . import status as statuses
 from . import ttrpc_pb2
-from .events import BadInput, Call, HalfClosed, Message
-from .frames import Flags
-from .proxy_codec import Failed, ProxyClientConnection, Relay
+from .events import Call
+from .proxy_codec import ProxyClientConnection, ProxyServerConnection
 from .server import TtrpcSession, too_many_calls
 from .status import Code, Status
 
@@ -93,6 +92,7 @@ class Link(Session):
     """One connection to an upstream server, carrying many clients' streams."""
 
     codec: ProxyClientConnection
+    timed_reads = False  # calls end by their own deadlines, upstream
 
     def __init__(self, stream: trio.abc.Stream, pool: Pool, peer: str) -> None:
         super().__init__(
@@ -103,15 +103,27 @@ class Link(Session):
             linger=0,
             write_timeout=pool.write_timeout,
         )
+        self.codec.context = self
         self.pool = pool
         self.peer = peer
         self.lost = False
 
     async def handle(self, event: object) -> None:
-        if isinstance(event, Relay):
-            event.owner.relay(event)
-        elif isinstance(event, Failed):
-            event.owner.relay_failed(event.stream_id, event.status)
+        """The codec makes no events: what it receives goes to the clients."""
+
+    def received(self) -> None:
+        self.deliver()
+
+    def flush_codec(self) -> None:
+        """Write what clients queued on this connection's codec."""
+        data = self.codec.data_to_send()
+        if data:
+            self.write(data)
+
+    def deliver(self) -> None:
+        """Hand each client connection what the server sent for it."""
+        for owner, data in self.codec.take_relayed():
+            owner.context.relayed(data)
 
     def end_of_input(self) -> None:
         self.stop()
@@ -217,18 +229,17 @@ class Pool:
         finally:
             link.lost = True
             self.links.remove(link)
-            lost = link.codec.fail_all()
-            if lost:
+            status = Status(Code.UNAVAILABLE, f"upstream {self.name}: connection lost ({reason})")
+            failed = link.codec.fail_all(status)
+            link.deliver()
+            if failed:
                 self.log.warning(
                     "upstream %s: connection to %s lost (%s): %d calls failed",
                     self.name,
                     link.peer,
                     reason,
-                    len(lost),
+                    failed,
                 )
-            status = Status(Code.UNAVAILABLE, f"upstream {self.name}: connection lost ({reason})")
-            for owner, sid in lost:
-                owner.relay_failed(sid, status)
         return reason
 
     async def aclose(self) -> None:
@@ -237,14 +248,10 @@ class Pool:
             await link.stream.aclose()
 
 
-@dataclass(slots=True)
-class _Proxied:
-    link: Link
-    sid: int
-
-
 class ProxySession(TtrpcSession):
     """A client connection: local services answered here, routed ones relayed."""
+
+    codec: ProxyServerConnection
 
     def __init__(
         self,
@@ -255,22 +262,42 @@ class ProxySession(TtrpcSession):
         max_backlog: int = MAX_BACKLOG,
         **kwargs: Any,
     ) -> None:
-        super().__init__(stream, services, **kwargs)
+        codec = ProxyServerConnection(self._ready_upstream, self)
+        super().__init__(stream, services, codec=codec, **kwargs)
         self.routes = routes
         self.max_backlog = max_backlog
-        self._proxied: dict[int, _Proxied] = {}
         self._overrun = False
 
     def busy(self) -> bool:
-        return bool(self._proxied) or super().busy()
+        return bool(self.codec.relayed_streams) or super().busy()
 
     async def run(self) -> None:
         try:
             await super().run()
         finally:
-            for proxied in self._proxied.values():
-                proxied.link.codec.orphan(proxied.sid)
-            self._proxied.clear()
+            self.codec.orphan_all()
+
+    def _ready_upstream(self, service: str) -> ProxyClientConnection | None:
+        """The codec's router: the upstream connection to relay a new stream on at once,
+        or None (the stream comes out as a Call: local, refused, or relayed once a
+        connection is ready)."""
+        if self._draining or service in self.services:
+            return None
+        pool = self.routes.pool_for(service)
+        if pool is None or self.codec.relayed_streams + len(self._calls) >= self.max_calls:
+            return None
+        link = pool.ready_link()
+        if link is None or link.unsent > link.high_water:
+            return None
+        return link.codec
+
+    def received(self) -> None:
+        touched = self.codec.take_touched()
+        if touched:
+            for upstream in touched:
+                upstream.context.flush_codec()
+            if self.guard is not None:
+                self.guard.progress()
 
     async def handle(self, event: object) -> None:
         if isinstance(event, Call):
@@ -280,37 +307,30 @@ class ProxySession(TtrpcSession):
                 if pool is not None:
                     await self._open(event, pool)
                     return
-        elif isinstance(event, Message | HalfClosed):
-            proxied = self._proxied.get(event.stream_id)
-            if proxied is not None:
-                await self._send(event, proxied)
-                return
-        elif isinstance(event, BadInput) and event.stream_id in self._proxied:
-            self.write(self.codec.reply(event))
-            if event.ends_stream:
-                proxied = self._proxied.pop(event.stream_id)
-                proxied.link.codec.orphan(proxied.sid)
-            return
         await super().handle(event)
 
     async def _open(self, call: Call, pool: Pool) -> None:
-        timeout = call.request.timeout_nano
-        arrived = trio.current_time() if timeout > 0 else 0.0
+        """Relay a call once a connection of ``pool`` is ready and has room (the router
+        found none), its deadline shrunk by the time spent waiting."""
+        self.received()  # what was relayed before this call goes first
+        arrived = trio.current_time()
         sid = call.stream_id
-        if len(self._proxied) + len(self._calls) >= self.max_calls:
+        if self.codec.relayed_streams + len(self._calls) >= self.max_calls:
             self.write(self.codec.respond(sid, status=too_many_calls(self.max_calls)))
             return
-        link = pool.ready_link()
-        waited = link is None or link.unsent > link.high_water
-        if link is None:
-            try:
-                link = await pool.link()
-            except OSError as e:
-                self.write(self.codec.respond(sid, status=Status(Code.UNAVAILABLE, str(e))))
-                return
-        if waited:
-            await link.wait_for_room()
+        try:
+            link = await pool.link()
+        except OSError as e:
+            self.write(self.codec.respond(sid, status=Status(Code.UNAVAILABLE, str(e))))
+            return
+        await link.wait_for_room()
+        if link.lost or self.codec.stream_state(sid) is None:
+            # The upstream went while we waited, or the client's stream ended meanwhile.
+            if self.codec.stream_state(sid) is not None:
+                self.write(self.codec.respond(sid, status=_lost(pool)))
+            return
         request = call.data
+        timeout = call.request.timeout_nano
         if timeout > 0:
             left = timeout - int((trio.current_time() - arrived) * 1e9)
             if left <= 0:
@@ -320,48 +340,19 @@ class ProxySession(TtrpcSession):
             shrunk.CopyFrom(call.request)
             shrunk.timeout_nano = left
             request = shrunk.SerializeToString()
-        if waited and (link.lost or self.codec.stream_state(sid) is None):
-            # The upstream went while we waited, or the client's stream ended meanwhile.
-            if self.codec.stream_state(sid) is not None:
-                self.write(self.codec.respond(sid, status=_lost(pool)))
-            return
-        up_sid, frame = link.codec.open(self, sid, call.flags, request)
-        self._proxied[sid] = _Proxied(link, up_sid)
-        link.write(frame)
+        self.codec.relay(sid, call.flags, request, link.codec)
+        self.received()
 
-    async def _send(self, event: Message | HalfClosed, proxied: _Proxied) -> None:
-        link = proxied.link
-        if link.unsent > link.high_water:
-            await link.wait_for_room()
-        if isinstance(event, Message):
-            link.write(link.codec.data(proxied.sid, 0, event.data))
-        else:
-            link.write(link.codec.data(proxied.sid, Flags.REMOTE_CLOSED | Flags.NO_DATA, b""))
-
-    # -- what the upstream connection calls ---------------------------------------------
-    def relay(self, event: Relay) -> None:
-        """A frame from upstream for the client's stream ``event.stream_id``."""
-        if event.ends:
-            proxied = self._proxied
-            proxied.pop(event.stream_id, None)
-            if not proxied:
-                self.progress()  # a drain may wait for this (busy() is over)
-        frame = self.codec.forward(event.stream_id, event.type, event.flags, event.data)
-        if frame is None:
-            return
-        self.write(frame)
+    def relayed(self, data: bytes) -> None:
+        """Frames the upstream sent for this client (:meth:`Link.deliver`)."""
+        self.write(data)
+        if not self.codec.relayed_streams:
+            self.progress()  # a drain may wait for this (busy() is over)
         if self.unsent > self.max_backlog and not self._overrun:
             # The client does not read: it must not make the shared upstream reader wait.
             self._overrun = True
             self.log.warning("closing: %d bytes relayed to this client are not read", self.unsent)
             self.nursery.cancel_scope.cancel()
-
-    def relay_failed(self, stream_id: int, status: Status) -> None:
-        """The stream cannot go on upstream: answer ``status`` if it is still open."""
-        self._proxied.pop(stream_id, None)
-        self.progress()
-        if self.codec.stream_state(stream_id) is not None:
-            self.write(self.codec.respond(stream_id, status=status))
 
 
 def _lost(pool: Pool) -> Status:

@@ -1,66 +1,162 @@
-"""A proxy's connection to an upstream ttrpc server, sans I/O: many clients' streams on one.
+"""The proxy's two sides, sans I/O: client connections whose streams ride shared upstream ones.
 
-Each stream a client opens through the proxy gets an id of this connection's
-own (odd, from 1, rising by 2, in the order they reach the wire), mapped to
-its *owner* (whatever the driver uses for the client's connection) and the
-client's stream id. What the server sends comes back as :class:`Relay`
-events naming the owner and the client's id, the frame's type, flags and
-bytes untouched. A stream is over once the server sent its Response, or its
-Data ``remote closed`` after the client closed its side too; frames for
-streams that are over, or whose owner went away (:meth:`orphan`), are
-dropped. An oversize frame fails only its stream (:class:`Failed`).
+A :class:`ProxyServerConnection` is the server side of one client's
+connection; a :class:`ProxyClientConnection` is one connection to an
+upstream server, carrying the streams of many clients. Between them, frames
+are relayed without events: the driver's *router* names the upstream
+connection for a new stream's service, the Request goes into that
+connection's output under an id of its own (odd, from 1, rising by 2, in the
+order they reach the wire), the client's Data follows it there, and what the
+server sends comes back into the client connection's output under the
+client's id, the frame's type, flags and bytes untouched. The driver moves
+the bytes: :meth:`ProxyServerConnection.take_touched` names the upstream
+connections with output (:meth:`ProxyClientConnection.data_to_send`), and
+:meth:`ProxyClientConnection.take_relayed` hands over what each client gets.
+
+Everything else is the server codec's: a stream whose service is served
+locally, or whose upstream connection is not ready (the router says None),
+comes out as a :class:`~.events.Call` as usual, and the driver relays it
+later with :meth:`ProxyServerConnection.relay`; bad input comes out as
+:class:`~.events.BadInput` for the driver to answer.
+
+A stream is over once the server sent its Response, or its Data ``remote
+closed`` after the client closed its side too. What the server sends for a
+stream that is over, or whose client went away (:meth:`~ProxyClientConnection.orphan`),
+is dropped. An oversize frame from the server fails only its stream
+(RESOURCE_EXHAUSTED to the client), as does a lost connection
+(:meth:`~ProxyClientConnection.fail_all`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any
 
 from gateway.errors import LocalProtocolError
 
 from . import status as statuses
+from . import ttrpc_pb2
 from .connection import FramedConnection
+from .events import ServerEvent
 from .frames import HEADER, MAX_DATA, Flags, Frame, MessageType, Oversize
+from .server_codec import ServerConnection
 from .status import Status
 
-__all__ = ["Failed", "ProxyClientConnection", "Relay", "UpstreamEvent"]
+__all__ = ["ProxyClientConnection", "ProxyServerConnection", "Router"]
 
 #: The last odd id a connection may use; then it takes no new streams.
 MAX_CLIENT_ID = 2**31 - 1
 
+#: The upstream connection for a new stream of a service, None when the driver
+#: must decide (a local service, no connection ready, too many calls).
+Router = Callable[[str], "ProxyClientConnection | None"]
 
-class Relay(NamedTuple):
-    """A frame for the client's stream ``stream_id`` on ``owner``'s connection.
+_DATA = MessageType.DATA
+_RESPONSE = MessageType.RESPONSE
+_CLOSE = Flags.REMOTE_CLOSED | Flags.NO_DATA
 
-    ``ends``: the stream is over on this connection (the owner's codec decides
-    the same from the frame).
+
+class ProxyServerConnection(ServerConnection):
+    """A client's connection to the proxy: relayed streams pass through (see the module
+    docstring), the rest is :class:`ServerConnection`'s.
+
+    ``context`` is the driver's, for the driver (the session this connection
+    belongs to).
     """
 
-    owner: Any
-    stream_id: int
-    type: int
-    flags: int
-    data: bytes
-    ends: bool
+    def __init__(self, router: Router, context: Any = None, max_data: int = MAX_DATA) -> None:
+        super().__init__(max_data)
+        self.router = router
+        self.context = context
+        #: Relayed streams still open: our stream id -> (upstream connection, its id).
+        self._relayed: dict[int, tuple[ProxyClientConnection, int]] = {}
+        #: Upstream connections given frames since :meth:`take_touched`.
+        self._touched: dict[ProxyClientConnection, None] = {}
 
+    @property
+    def relayed_streams(self) -> int:
+        """Streams relayed upstream and not over."""
+        return len(self._relayed)
 
-@dataclass(frozen=True, slots=True)
-class Failed:
-    """The stream cannot go on (the server sent an oversize frame): answer ``status``."""
+    def take_touched(self) -> list[ProxyClientConnection]:
+        """The upstream connections given frames since the last call (their output waits)."""
+        if not self._touched:
+            return []
+        touched = list(self._touched)
+        self._touched.clear()
+        return touched
 
-    owner: Any
-    stream_id: int
-    status: Status
+    def relay(
+        self, stream_id: int, flags: int, request: bytes, upstream: ProxyClientConnection
+    ) -> None:
+        """Relay the stream that came out as a :class:`~.events.Call` on ``upstream``,
+        with ``request`` (the Request as received, or with its deadline shrunk)."""
+        if self.stream_state(stream_id) is None:
+            raise LocalProtocolError(f"stream {stream_id} is not open")
+        self._relayed[stream_id] = (upstream, upstream.open(self, stream_id, flags, request))
+        self._touched[upstream] = None
 
+    def orphan_all(self) -> None:
+        """The client went away: its relayed streams run on upstream, their replies dropped."""
+        for upstream, sid in self._relayed.values():
+            upstream.orphan(sid)
+        self._relayed.clear()
 
-UpstreamEvent = Relay | Failed
+    # -- what the upstream connection calls ---------------------------------------------
+    def relayed(
+        self, stream_id: int, type: int, flags: int, data: bytes, ends: bool
+    ) -> bytes | None:
+        """The bytes of a frame the server sent for our stream ``stream_id`` (``ends``:
+        the stream is over upstream); None if the stream is over here already."""
+        if ends:
+            self._relayed.pop(stream_id, None)
+        return self.forward(stream_id, type, flags, data)
+
+    def relay_failed(self, stream_id: int, status: Status) -> bytes | None:
+        """The stream cannot go on upstream: the Response answering ``status``, None if
+        the stream is over here already."""
+        self._relayed.pop(stream_id, None)
+        if self.stream_state(stream_id) is None:
+            return None
+        return self.respond(stream_id, status=status)
+
+    # -- input: relayed streams pass through ----------------------------------------------
+    def _opened(self, sid: int, request: ttrpc_pb2.Request, frame: Frame) -> ServerEvent | None:
+        upstream = self.router(request.service)
+        if upstream is None:
+            return super()._opened(sid, request, frame)
+        self._relayed[sid] = (upstream, upstream.open(self, sid, frame.flags, frame.data))
+        self._touched[upstream] = None
+        return None
+
+    def _received(self, sid: int, message: bytes | None, closing: bool) -> ServerEvent | None:
+        relayed = self._relayed.get(sid)
+        if relayed is None:
+            return super()._received(sid, message, closing)
+        upstream, upstream_sid = relayed
+        # A message and the close go as two frames: Go servers mishandle Data that
+        # carries both (research §3).
+        if message is not None:
+            upstream.send_data(upstream_sid, 0, message)
+        if closing:
+            upstream.send_data(upstream_sid, _CLOSE, b"")
+            if sid not in self._streams:  # our side had closed: the stream is over
+                del self._relayed[sid]
+        self._touched[upstream] = None
+        return None
+
+    def _end(self, sid: int) -> bool:
+        relayed = self._relayed.pop(sid, None)
+        if relayed is not None:
+            relayed[0].orphan(relayed[1])  # answered here: what the server sends is dropped
+        return super()._end(sid)
 
 
 class _Route:
     __slots__ = ("client_open", "owner", "server_open", "stream_id")
 
-    def __init__(self, owner: Any, stream_id: int, client_open: bool) -> None:
-        self.owner = owner
+    def __init__(self, owner: ProxyServerConnection, stream_id: int, client_open: bool) -> None:
+        self.owner: ProxyServerConnection | None = owner
         self.stream_id = stream_id
         #: The client may still send Data (a client- or bidi-streaming call).
         self.client_open = client_open
@@ -68,13 +164,21 @@ class _Route:
         self.server_open = True
 
 
-class ProxyClientConnection(FramedConnection[UpstreamEvent]):
-    """The streams of many clients on one upstream connection (see the module docstring)."""
+class ProxyClientConnection(FramedConnection[None]):
+    """The streams of many clients on one upstream connection (see the module docstring).
 
-    def __init__(self, max_data: int = MAX_DATA) -> None:
+    It makes no events: what it receives goes to the clients' connections
+    (:meth:`take_relayed`). ``context`` is the driver's.
+    """
+
+    def __init__(self, context: Any = None, max_data: int = MAX_DATA) -> None:
         super().__init__(max_data)
+        self.context = context
         self._routes: dict[int, _Route] = {}
         self._next_id = 1
+        self._out = bytearray()
+        #: Bytes for each client connection since :meth:`take_relayed`.
+        self._relayed: dict[ProxyServerConnection, bytearray] = {}
 
     @property
     def active_streams(self) -> int:
@@ -86,27 +190,47 @@ class ProxyClientConnection(FramedConnection[UpstreamEvent]):
         return self._next_id > MAX_CLIENT_ID
 
     # -- output ------------------------------------------------------------------------
-    def open(self, owner: Any, stream_id: int, flags: int, request: bytes) -> tuple[int, bytes]:
-        """A client's Request, as its stream on this connection: the id and the frame."""
-        if self._next_id > MAX_CLIENT_ID:
-            raise LocalProtocolError("this connection has used every stream id; open another")
+    def open(self, owner: ProxyServerConnection, stream_id: int, flags: int, request: bytes) -> int:
+        """Queue a client's Request as a stream of this connection; its id here."""
         sid = self._next_id
-        self._next_id += 2
+        if sid > MAX_CLIENT_ID:
+            raise LocalProtocolError("this connection has used every stream id; open another")
         if len(request) > MAX_DATA:
             raise LocalProtocolError(f"a Request of {len(request)} bytes is over {MAX_DATA}")
+        self._next_id = sid + 2
         self._routes[sid] = _Route(owner, stream_id, bool(flags & Flags.REMOTE_OPEN))
-        return sid, HEADER.pack(len(request), sid, MessageType.REQUEST, flags) + request
+        out = self._out
+        out += HEADER.pack(len(request), sid, MessageType.REQUEST, flags)
+        out += request
+        return sid
 
-    def data(self, sid: int, flags: int, data: bytes) -> bytes:
-        """A client's Data frame for our stream ``sid`` (``b""``: the stream takes none)."""
+    def send_data(self, sid: int, flags: int, data: bytes) -> None:
+        """Queue a client's Data frame for our stream ``sid`` (none once the client's
+        side is closed: the frame is not the server's to see)."""
         route = self._routes.get(sid)
         if route is None or not route.client_open:
-            return b""
+            return
         if flags & Flags.REMOTE_CLOSED:
             route.client_open = False
             if not route.server_open:
                 del self._routes[sid]
-        return HEADER.pack(len(data), sid, MessageType.DATA, flags) + data
+        out = self._out
+        out += HEADER.pack(len(data), sid, _DATA, flags)
+        out += data
+
+    def data_to_send(self) -> bytes:
+        """The frames queued for the server since the last call."""
+        data = bytes(self._out)
+        self._out.clear()
+        return data
+
+    def take_relayed(self) -> list[tuple[ProxyServerConnection, bytes]]:
+        """What each client connection gets since the last call: its frames, in order."""
+        if not self._relayed:
+            return []
+        relayed = [(owner, bytes(data)) for owner, data in self._relayed.items()]
+        self._relayed.clear()
+        return relayed
 
     def orphan(self, sid: int) -> None:
         """The stream's client went away: the call runs on (ttrpc cannot cancel it) and
@@ -115,34 +239,48 @@ class ProxyClientConnection(FramedConnection[UpstreamEvent]):
         if route is not None:
             route.owner = None
 
-    def fail_all(self) -> list[tuple[Any, int]]:
-        """The connection is gone: the (owner, client stream id) of every live stream."""
-        lost = [(r.owner, r.stream_id) for r in self._routes.values() if r.owner is not None]
+    def fail_all(self, status: Status) -> int:
+        """The connection is gone: answer ``status`` on every live stream (to collect with
+        :meth:`take_relayed`); how many there were."""
+        failed = 0
+        for route in self._routes.values():
+            if route.owner is not None:
+                failed += 1
+                self._deliver(route.owner, route.owner.relay_failed(route.stream_id, status))
         self._routes.clear()
-        return lost
+        return failed
+
+    def _deliver(self, owner: ProxyServerConnection, frame: bytes | None) -> None:
+        if frame is not None:
+            relayed = self._relayed.get(owner)
+            if relayed is None:
+                self._relayed[owner] = bytearray(frame)
+            else:
+                relayed += frame
 
     # -- input -------------------------------------------------------------------------
-    def _frame(self, frame: Frame | Oversize) -> UpstreamEvent | None:
+    def _frame(self, frame: Frame | Oversize) -> None:
         sid = frame.stream_id
         route = self._routes.get(sid)
         if route is None:
-            return None  # a stream that is over: dropped, as Go's client does
+            return  # a stream that is over: dropped, as Go's client does
+        owner = route.owner
         if isinstance(frame, Oversize):
             del self._routes[sid]
-            if route.owner is None:
-                return None
-            return Failed(route.owner, route.stream_id, statuses.oversize(frame.length))
-        type, flags = frame.type, frame.flags
-        if type == MessageType.RESPONSE:
+            if owner is not None:
+                status = statuses.oversize(frame.length)
+                self._deliver(owner, owner.relay_failed(route.stream_id, status))
+            return
+        type_, flags = frame.type, frame.flags
+        if type_ == _RESPONSE:
             ends = True
-        elif type == MessageType.DATA:
+        elif type_ == _DATA:
             if flags & Flags.REMOTE_CLOSED:
                 route.server_open = False
             ends = not route.server_open and not route.client_open
         else:
-            return None  # unknown types are ignored, as Go's client does
+            return  # unknown types are ignored, as Go's client does
         if ends:
             del self._routes[sid]
-        if route.owner is None:
-            return None
-        return Relay(route.owner, route.stream_id, type, flags, frame.data, ends)
+        if owner is not None:
+            self._deliver(owner, owner.relayed(route.stream_id, type_, flags, frame.data, ends))

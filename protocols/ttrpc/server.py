@@ -129,6 +129,7 @@ class TtrpcSession(Session):
 
     codec: ServerConnection
     read_while_draining = True  # streaming calls still need their messages
+    timed_reads = False  # a ttrpc peer owes us nothing by a deadline
 
     def __init__(
         self,
@@ -136,11 +137,12 @@ class TtrpcSession(Session):
         services: dict[str, Service],
         *,
         max_calls: int = MAX_CALLS,
+        codec: ServerConnection | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("log", log)
         kwargs.setdefault("unit_timeout", 0)
-        super().__init__(stream, ServerConnection(), **kwargs)
+        super().__init__(stream, codec if codec is not None else ServerConnection(), **kwargs)
         self.services = services
         #: Calls one connection may run at once; more are refused (RESOURCE_EXHAUSTED).
         self.max_calls = max_calls

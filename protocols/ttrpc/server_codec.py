@@ -29,6 +29,9 @@ from .status import Status
 
 __all__ = ["ServerConnection", "StreamState"]
 
+_REQUEST = MessageType.REQUEST.value
+_DATA = MessageType.DATA.value
+
 
 class StreamState(enum.Enum):
     #: The client may still send Data.
@@ -60,15 +63,16 @@ class ServerConnection(FramedConnection[ServerEvent]):
         sid = frame.stream_id
         if isinstance(frame, Oversize):
             return BadInput(sid, statuses.oversize(frame.length), self._end(sid))
-        if frame.type not in (MessageType.REQUEST, MessageType.DATA):
+        type = frame.type
+        if type != _REQUEST and type != _DATA:
             return None  # unknown types (and a client's Response) are ignored, as Go does
-        if sid % 2 != 1:
+        if not sid & 1:
             return BadInput(sid, statuses.id_not_odd())
-        if frame.type == MessageType.REQUEST:
+        if type == _REQUEST:
             return self._request(frame)
         return self._data(frame)
 
-    def _request(self, frame: Frame) -> ServerEvent:
+    def _request(self, frame: Frame) -> ServerEvent | None:
         sid = frame.stream_id
         if sid <= self._last_request:
             return BadInput(sid, statuses.id_reused())
@@ -77,11 +81,17 @@ class ServerConnection(FramedConnection[ServerEvent]):
             request = ttrpc_pb2.Request.FromString(frame.data)
         except DecodeError as e:
             return BadInput(sid, statuses.unmarshal_request(str(e) or "invalid wire-format data"))
-        client_streams = bool(frame.flags & Flags.REMOTE_OPEN)
-        unary = not frame.flags & (Flags.REMOTE_OPEN | Flags.REMOTE_CLOSED)
+        flags = frame.flags
+        client_streams = bool(flags & Flags.REMOTE_OPEN)
+        unary = not flags & (Flags.REMOTE_OPEN | Flags.REMOTE_CLOSED)
         state = StreamState.OPEN if client_streams else StreamState.REMOTE_CLOSED
         self._streams[sid] = _Stream(state, unary)
-        return Call(sid, request, frame.flags, client_streams, frame.data)
+        return self._opened(sid, request, frame)
+
+    def _opened(self, sid: int, request: ttrpc_pb2.Request, frame: Frame) -> ServerEvent | None:
+        """The event of a stream that just opened (a proxy may take the stream itself
+        and return None)."""
+        return Call(sid, request, frame.flags, bool(frame.flags & Flags.REMOTE_OPEN), frame.data)
 
     def _data(self, frame: Frame) -> ServerEvent | None:
         sid = frame.stream_id
@@ -94,14 +104,19 @@ class ServerConnection(FramedConnection[ServerEvent]):
                 del self._streams[sid]
             else:
                 stream.state = StreamState.REMOTE_CLOSED
-        if frame.flags & Flags.NO_DATA:
+        return self._received(sid, None if frame.flags & Flags.NO_DATA else frame.data, closing)
+
+    def _received(self, sid: int, message: bytes | None, closing: bool) -> ServerEvent | None:
+        """The events of a Data frame on an active stream: its ``message`` (None: the
+        frame carried none), then the close (a proxy may pass them on itself)."""
+        if message is None:
             # Without ``remote closed`` such a frame says nothing at all.
             return HalfClosed(sid) if closing else None
         if closing:
             # Data with ``remote closed`` and a message: the message, then the close
             # (Go also answers INVALID_ARGUMENT, and later a second Response; we do not).
             self._queued.append(HalfClosed(sid))
-        return Message(sid, frame.data)
+        return Message(sid, message)
 
     def _end(self, sid: int) -> bool:
         """The stream ``sid`` is answered with an error Response now: finished."""
