@@ -8,7 +8,8 @@ do with each event (:meth:`Session.handle`); the skeleton does the rest once:
   full (backpressure reaches the socket) and while :meth:`handle` waits (the
   hub is full);
 * **one writer task**: everything sent goes through one output buffer that a
-  single task writes, each write bounded by ``write_timeout``; producers that
+  single task writes, each write bounded by ``write_timeout`` (one timer task
+  per session watches it, not a deadline per write); producers that
   must not outrun the peer (subscription pumps, client windows) wait in
   :meth:`write_when_room` above ``high_water`` bytes;
 * **answers when receipts settle**: :meth:`submit` hands work to the hub and
@@ -148,6 +149,11 @@ class Session:
         self.nursery: trio.Nursery
         self._out = bytearray()
         self._sending = False
+        #: When the write in progress started (None: none is), and its bytes.
+        self._send_started: float | None = None
+        self._send_size = 0
+        #: The writer's scope, cancelled by the write timer (:meth:`_watch_writes`).
+        self._writing = trio.CancelScope()
         self._failed = False
         self._writer_idle = trio.lowlevel.ParkingLot()
         self._room = trio.lowlevel.ParkingLot()
@@ -351,6 +357,8 @@ class Session:
                     guard.pending = self.pending
                     guard.progress()
                 nursery.start_soon(self._write_loop)
+                if self.write_timeout:
+                    nursery.start_soon(self._watch_writes)
                 if self.shutdown is not None:
                     nursery.start_soon(self._watch_shutdown)
                 if self.unit_timeout:
@@ -566,6 +574,18 @@ class Session:
             self._writer_idle.unpark_all()
 
     async def _write_loop(self) -> None:
+        """Write what is queued; a write still going ``write_timeout`` after it started
+        (see :meth:`_watch_writes`) fails the session with ``trio.TooSlowError``."""
+        with self._writing:
+            await self._write_queued()
+        if self._writing.cancelled_caught and not self._failed:
+            # (After a protocol error the peer does not read our error reply: what
+            # run() raises is that error, not this timeout.)
+            raise trio.TooSlowError(
+                f"the peer did not read {self._send_size} bytes within {self.write_timeout:g}s"
+            )
+
+    async def _write_queued(self) -> None:
         answers = self.answers
         stream = self.stream
         while True:
@@ -597,26 +617,35 @@ class Session:
             if self._room:
                 self._room.unpark_all()
             self._sending = True
+            self._send_size = len(data)
+            self._send_started = trio.current_time()
             try:
-                timeout = self.write_timeout
-                scope = trio.CancelScope(
-                    deadline=trio.current_time() + timeout if timeout else math.inf
-                )
-                with scope:
-                    await stream.send_all(data)
-                if scope.cancelled_caught:
-                    raise trio.TooSlowError
-            except trio.TooSlowError:
-                if self._failed:
-                    # The peer broke the protocol and does not read our error reply:
-                    # what run() raises is the protocol error, not this timeout.
-                    return
-                raise trio.TooSlowError(
-                    f"the peer did not read {len(data)} bytes within {self.write_timeout:g}s"
-                ) from None
+                await stream.send_all(data)
             finally:
                 self._sending = False
+                self._send_started = None
             self._last_write = trio.current_time()
+
+    async def _watch_writes(self) -> None:
+        """A write must be done ``write_timeout`` after it started.
+
+        One timer per session instead of a deadline per write: trio's cancel
+        scope with a deadline costs more than writing a few small frames. The
+        timer wakes at least every ``write_timeout`` and then sleeps until the
+        deadline of the write in progress, so a write that started while it
+        slept is still caught on time.
+        """
+        timeout = self.write_timeout
+        while True:
+            started = self._send_started
+            if started is None:
+                await trio.sleep(timeout)
+                continue
+            if trio.current_time() < started + timeout:
+                await trio.sleep_until(started + timeout)
+                continue  # the same write, or a later one: checked again
+            self._writing.cancel()
+            return
 
     async def _idle(self) -> None:
         """Wait for output or a settled answer; send a keepalive when one is due."""

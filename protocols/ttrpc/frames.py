@@ -133,6 +133,7 @@ class FrameReader:
         skip = self._skip
         max_data = self.max_data
         unpack = HEADER.unpack_from
+        new = tuple.__new__
         frames: list[Frame | Oversize] = []
         while True:
             if skip:
@@ -152,7 +153,8 @@ class FrameReader:
             stop = start + length
             if stop > end:
                 break
-            frames.append(Frame(stream_id, type, flags, bytes(data[start:stop])))
+            # tuple.__new__: a named tuple's own __new__ is a Python call, per frame.
+            frames.append(new(Frame, (stream_id, type, flags, bytes(data[start:stop]))))
             pos = stop
         self._skip = skip
         buf.advance(pos)

@@ -162,22 +162,24 @@ class Pool:
 
     def ready_link(self) -> Link | None:
         """The connection for a new stream when one is ready without connecting."""
-        best = self._best()
+        best, streams = self._best()
         if best is not None and (
-            best.codec.active_streams < self.streams_per_connection
-            or len(self.links) >= self.max_connections
+            streams < self.streams_per_connection or len(self.links) >= self.max_connections
         ):
             return best
         return None
 
-    def _best(self) -> Link | None:
-        best = None
+    def _best(self) -> tuple[Link | None, int]:
+        """The usable connection with the fewest active streams, and their number."""
+        best, fewest = None, 0
         for link in self.links:
-            if link.lost or link.codec.exhausted:
+            codec = link.codec
+            if link.lost or codec.exhausted:
                 continue
-            if best is None or link.codec.active_streams < best.codec.active_streams:
-                best = link
-        return best
+            streams = codec.active_streams
+            if best is None or streams < fewest:
+                best, fewest = link, streams
+        return best, fewest
 
     async def link(self) -> Link:
         """A connection for a new stream; ``OSError`` when the upstream cannot be reached."""
@@ -188,7 +190,7 @@ class Pool:
             ready = self.ready_link()  # another call may have connected meanwhile
             if ready is not None:
                 return ready
-            best = self._best()
+            best, _ = self._best()
             if trio.current_time() - self._failed_at < self.retry_after:
                 if best is not None:
                     return best

@@ -51,9 +51,13 @@ MAX_CLIENT_ID = 2**31 - 1
 #: must decide (a local service, no connection ready, too many calls).
 Router = Callable[[str], "ProxyClientConnection | None"]
 
-_DATA = MessageType.DATA
-_RESPONSE = MessageType.RESPONSE
+_REQUEST = MessageType.REQUEST.value
+_DATA = MessageType.DATA.value
+_RESPONSE = MessageType.RESPONSE.value
+_REMOTE_OPEN = Flags.REMOTE_OPEN
+_REMOTE_CLOSED = Flags.REMOTE_CLOSED
 _CLOSE = Flags.REMOTE_CLOSED | Flags.NO_DATA
+_pack = HEADER.pack
 
 
 class ProxyServerConnection(ServerConnection):
@@ -198,9 +202,9 @@ class ProxyClientConnection(FramedConnection[None]):
         if len(request) > MAX_DATA:
             raise LocalProtocolError(f"a Request of {len(request)} bytes is over {MAX_DATA}")
         self._next_id = sid + 2
-        self._routes[sid] = _Route(owner, stream_id, bool(flags & Flags.REMOTE_OPEN))
+        self._routes[sid] = _Route(owner, stream_id, bool(flags & _REMOTE_OPEN))
         out = self._out
-        out += HEADER.pack(len(request), sid, MessageType.REQUEST, flags)
+        out += _pack(len(request), sid, _REQUEST, flags)
         out += request
         return sid
 
@@ -275,7 +279,7 @@ class ProxyClientConnection(FramedConnection[None]):
         if type_ == _RESPONSE:
             ends = True
         elif type_ == _DATA:
-            if flags & Flags.REMOTE_CLOSED:
+            if flags & _REMOTE_CLOSED:
                 route.server_open = False
             ends = not route.server_open and not route.client_open
         else:

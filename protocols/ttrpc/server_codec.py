@@ -31,6 +31,7 @@ __all__ = ["ServerConnection", "StreamState"]
 
 _REQUEST = MessageType.REQUEST.value
 _DATA = MessageType.DATA.value
+_RESPONSE = MessageType.RESPONSE.value
 
 
 class StreamState(enum.Enum):
@@ -171,9 +172,9 @@ class ServerConnection(FramedConnection[ServerEvent]):
         stream = self._streams.get(stream_id)
         if stream is None or stream.state is StreamState.LOCAL_CLOSED:
             return None
-        if type == MessageType.RESPONSE:
+        if type == _RESPONSE:
             del self._streams[stream_id]
-        elif type == MessageType.DATA and flags & Flags.REMOTE_CLOSED:
+        elif type == _DATA and flags & Flags.REMOTE_CLOSED:
             if stream.state is StreamState.REMOTE_CLOSED:
                 del self._streams[stream_id]
             else:
