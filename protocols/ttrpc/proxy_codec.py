@@ -39,7 +39,7 @@ from . import ttrpc_pb2
 from .connection import FramedConnection
 from .events import ServerEvent
 from .frames import HEADER, MAX_DATA, Flags, Frame, MessageType, Oversize
-from .server_codec import ServerConnection
+from .server_codec import ServerConnection, StreamState
 from .status import Status
 
 __all__ = ["ProxyClientConnection", "ProxyServerConnection", "Router"]
@@ -58,6 +58,8 @@ _REMOTE_OPEN = Flags.REMOTE_OPEN
 _REMOTE_CLOSED = Flags.REMOTE_CLOSED
 _CLOSE = Flags.REMOTE_CLOSED | Flags.NO_DATA
 _pack = HEADER.pack
+_LOCAL_CLOSED = StreamState.LOCAL_CLOSED
+_REMOTE_CLOSED_STATE = StreamState.REMOTE_CLOSED
 
 
 class ProxyServerConnection(ServerConnection):
@@ -114,7 +116,21 @@ class ProxyServerConnection(ServerConnection):
         the stream is over upstream); None if the stream is over here already."""
         if ends:
             self._relayed.pop(stream_id, None)
-        return self.forward(stream_id, type, flags, data)
+        # A Response finishes the stream and Data with ``remote closed`` closes our
+        # side, as if we had sent them; nothing more goes out once it is over (an
+        # oversize frame was answered meanwhile): never a second Response.
+        streams = self._streams
+        stream = streams.get(stream_id)
+        if stream is None or stream.state is _LOCAL_CLOSED:
+            return None
+        if type == _RESPONSE:
+            del streams[stream_id]
+        elif type == _DATA and flags & _REMOTE_CLOSED:
+            if stream.state is _REMOTE_CLOSED_STATE:
+                del streams[stream_id]
+            else:
+                stream.state = _LOCAL_CLOSED
+        return _pack(len(data), stream_id, type, flags) + data
 
     def relay_failed(self, stream_id: int, status: Status) -> bytes | None:
         """The stream cannot go on upstream: the Response answering ``status``, None if

@@ -24,14 +24,13 @@ from . import status as statuses
 from . import ttrpc_pb2
 from .connection import FramedConnection
 from .events import BadInput, Call, HalfClosed, Message, ServerEvent
-from .frames import HEADER, MAX_DATA, Flags, Frame, MessageType, Oversize, encode_frame
+from .frames import MAX_DATA, Flags, Frame, MessageType, Oversize, encode_frame
 from .status import Status
 
 __all__ = ["ServerConnection", "StreamState"]
 
 _REQUEST = MessageType.REQUEST.value
 _DATA = MessageType.DATA.value
-_RESPONSE = MessageType.RESPONSE.value
 
 
 class StreamState(enum.Enum):
@@ -160,26 +159,6 @@ class ServerConnection(FramedConnection[ServerEvent]):
             else:
                 stream.state = StreamState.LOCAL_CLOSED
         return encode_frame(stream_id, MessageType.DATA, flags, data or b"")
-
-    def forward(self, stream_id: int, type: int, flags: int, data: bytes) -> bytes | None:
-        """A frame another server sent for this stream, as ours (a proxy's relay).
-
-        A Response finishes the stream, Data with ``remote closed`` closes our
-        side, as if we had sent them; the bytes are the frame's own, on our
-        stream id. None for a stream that is over already (an oversize frame
-        was answered meanwhile): a second Response is never sent.
-        """
-        stream = self._streams.get(stream_id)
-        if stream is None or stream.state is StreamState.LOCAL_CLOSED:
-            return None
-        if type == _RESPONSE:
-            del self._streams[stream_id]
-        elif type == _DATA and flags & Flags.REMOTE_CLOSED:
-            if stream.state is StreamState.REMOTE_CLOSED:
-                del self._streams[stream_id]
-            else:
-                stream.state = StreamState.LOCAL_CLOSED
-        return HEADER.pack(len(data), stream_id, type, flags) + data
 
     def reply(self, event: BadInput) -> bytes:
         """The error Response to a :class:`BadInput`, on its stream id."""
