@@ -708,6 +708,49 @@ async def test_the_write_timeout(autojump_clock: MockClock) -> None:
     assert run.ended_at == 6
 
 
+async def test_a_write_that_starts_while_the_write_timer_sleeps_is_caught_on_time(
+    autojump_clock: MockClock,
+) -> None:
+    """The timer wakes every ``write_timeout`` while idle; a write starting in between
+    still fails exactly ``write_timeout`` after it started, not at the next wake."""
+    async with running(toy(write_timeout=5), lockstep=True, peer_reads=False) as run:
+        run.session.settle_at_once = True
+        await run.send(b"pub 1\n", at=7)
+        await run.wait()
+    run.raised(pytest.RaisesExc(trio.TooSlowError, match="did not read 5 bytes within 5s"))
+    assert run.ended_at == 12
+
+
+async def test_writes_that_each_finish_in_time_do_not_time_out(autojump_clock: MockClock) -> None:
+    """The bound is per write: a peer that reads every 4 s keeps a 5 s write timeout."""
+    async with running(toy(write_timeout=5), lockstep=True, peer_reads=False) as run:
+        run.session.settle_at_once = True
+        for n in range(6):
+            await run.send(b"pub %d\n" % n, at=1 + 6 * n)
+            await trio.sleep(4)
+            assert await run.peer.receive_some() == b"ok %d\n" % n
+        await trio.sleep(20)
+        assert not run.done.is_set()
+
+
+class Untimed(Toy):
+    timed_reads = False
+
+
+async def test_a_session_that_does_not_time_reads_refuses_a_deadline(
+    autojump_clock: MockClock,
+) -> None:
+    async with running(lambda stream: Untimed(stream)) as run:
+        await run.send(b"clear\n")  # clearing is allowed: there is nothing to clear
+        with pytest.raises(RuntimeError, match="reads without deadlines"):
+            run.session.set_deadline(trio.current_time() + 3, "never")
+        run.session.settle_at_once = True
+        await run.send(b"pub 1\npub 2\n", at=1)
+        await trio.sleep(1)
+        assert run.got == b"ok 1\nok 2\n"
+        assert not run.done.is_set()
+
+
 async def test_producers_wait_for_room_below_high_water(autojump_clock: MockClock) -> None:
     async with running(toy(high_water=10), lockstep=True, peer_reads=False) as run:
         session = run.session
