@@ -63,6 +63,7 @@ from .reload import plan as plan_reload
 from .routing import Router
 from .topic import TopicLimits
 from .transports.base import StreamLayer, Transport
+from .transports.nowait import NowaitSender, nowait_sender
 from .transports.tls import describe_handshake_failure, ssl_error_words
 
 if TYPE_CHECKING:
@@ -109,6 +110,23 @@ class _TrackedStream(trio.abc.Stream):
         self.bytes_out += len(data)
         if self.conn is not None and not self.guard.reports_progress:
             self.conn.touch()
+
+    def nowait_sender(self) -> NowaitSender | None:
+        """The inner stream's way to write without waiting, counting what it writes."""
+        inner = nowait_sender(self.inner)
+        if inner is None:
+            return None
+
+        def send(data: bytes | bytearray | memoryview) -> int:
+            sent = inner(data)
+            if sent:
+                self._sent.inc(sent)
+                self.bytes_out += sent
+                if self.conn is not None and not self.guard.reports_progress:
+                    self.conn.touch()
+            return sent
+
+        return send
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.inner.wait_send_all_might_not_block()

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -749,6 +750,56 @@ async def test_a_session_that_does_not_time_reads_refuses_a_deadline(
         await trio.sleep(1)
         assert run.got == b"ok 1\nok 2\n"
         assert not run.done.is_set()
+
+
+def socket_session(**kwargs: Any) -> tuple[Toy, socket.socket]:
+    """A session on one end of a real socket pair; the other end, a plain socket."""
+    ours, peer = socket.socketpair()
+    peer.setblocking(False)
+    return Toy(trio.SocketStream(trio.socket.from_stdlib_socket(ours)), **kwargs), peer
+
+
+async def test_write_now_writes_at_once_in_order_with_what_is_queued() -> None:
+    session, peer = socket_session()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(session.run)
+        await trio.testing.wait_all_tasks_blocked()
+        session.write_now(b"one ")
+        # Written here, not by the writer task: the peer has it before anyone yields.
+        assert peer.recv(100) == b"one "
+        session.write(b"two ")  # queued for the writer: what follows waits behind it
+        session.write_now(b"three")
+        assert session.unsent == len(b"two three")
+        await trio.testing.wait_all_tasks_blocked()
+        assert peer.recv(100) == b"two three"
+        nursery.cancel_scope.cancel()
+    peer.close()
+
+
+async def test_write_now_never_waits_for_a_peer_that_does_not_read(
+    autojump_clock: MockClock,
+) -> None:
+    """What the socket does not take queues as with write(), under the write timeout."""
+    session, peer = socket_session(write_timeout=5)
+    errors: list[BaseException] = []
+
+    async def run() -> None:
+        try:
+            await session.run()
+        except BaseExceptionGroup as e:
+            errors.extend(e.exceptions)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        await trio.testing.wait_all_tasks_blocked()
+        started = trio.current_time()
+        for _ in range(64):
+            session.write_now(bytes(1 << 16))  # returns at once, every time
+        assert trio.current_time() == started
+        assert session.unsent > 0
+    assert [type(e) for e in errors] == [trio.TooSlowError]
+    assert trio.current_time() == started + 5
+    peer.close()
 
 
 async def test_producers_wait_for_room_below_high_water(autojump_clock: MockClock) -> None:

@@ -328,3 +328,48 @@ def test_unix_check_address_errors(address: str, reason: str) -> None:
 def test_unix_check_address_is_pure(tmp_path: Path) -> None:
     unix.check_address(f"unix:{tmp_path / 'nothing-here.sock'}")
     assert os.listdir(tmp_path) == []
+
+
+# -- writing without waiting ----------------------------------------------------------
+
+
+async def test_a_socket_stream_writes_what_the_socket_takes_without_waiting() -> None:
+    from gateway.transports.nowait import nowait_sender
+
+    a, b = trio.socket.socketpair()
+    ours, theirs = trio.SocketStream(a), trio.SocketStream(b)
+    send = nowait_sender(ours)
+    assert send is not None
+    assert send(b"hello") == 5
+    assert await receive_exactly(theirs, 5) == b"hello"
+    # The peer does not read: the socket fills, then takes nothing, and never blocks.
+    chunk = bytes(1 << 16)
+    taken = [send(chunk) for _ in range(256)]
+    assert 0 < sum(taken) < 256 * len(chunk)
+    assert taken[-1] == 0
+    await ours.aclose()
+    assert send(b"after close") == 0  # never a write to a number reused since
+    await theirs.aclose()
+
+
+async def test_streams_that_frame_or_do_not_reach_a_socket_have_no_nowait_sender() -> None:
+    import ssl
+
+    from gateway.transports.nowait import nowait_sender
+
+    a, b = trio.socket.socketpair()
+    plain = trio.SocketStream(a)
+    tls = trio.SSLStream(plain, ssl.create_default_context(), server_hostname="x")
+    assert nowait_sender(tls) is None  # bytes must go through the TLS layer
+    memory, _ = trio.testing.memory_stream_pair()
+    assert nowait_sender(memory) is None
+
+    class Layer:
+        """A pass-through layer that says so."""
+
+        def nowait_sender(self) -> object:
+            return nowait_sender(plain)
+
+    assert nowait_sender(Layer()) is not None
+    await plain.aclose()
+    trio.SocketStream(b).socket.close()

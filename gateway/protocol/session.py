@@ -55,6 +55,7 @@ import trio
 
 from gateway.errors import RemoteProtocolError, first_leaf
 from gateway.receipts import Receipt
+from gateway.transports.nowait import NowaitSender, nowait_sender
 
 from .answers import AnswerFn, Answers
 from .events import NEED_DATA, ConnectionClosed
@@ -149,6 +150,9 @@ class Session:
         self.nursery: trio.Nursery
         self._out = bytearray()
         self._sending = False
+        #: Writes what the socket takes without waiting, while the session runs
+        #: (None: its stream cannot, see :mod:`gateway.transports.nowait`).
+        self._send_nowait: NowaitSender | None = None
         #: When the write in progress started (None: none is), and its bytes.
         self._send_started: float | None = None
         self._send_size = 0
@@ -223,10 +227,34 @@ class Session:
         return None
 
     # -- what a protocol calls ------------------------------------------------------------
-    def write(self, data: bytes | bytearray) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         """Queue ``data`` for the writer (never waits: for answers and small frames)."""
         self._out += data
         self._wake_writer()
+
+    def write_now(self, data: bytes | bytearray) -> None:
+        """Like :meth:`write`, but hand ``data`` to the socket at once when nothing is
+        queued before it: what the socket takes without waiting is written here,
+        only the rest goes to the writer task.
+
+        For a producer at the end of a batch (a proxy relaying a read's frames to
+        another connection): waking the writer costs more than the write. Never
+        waits, so a peer that does not read holds up no one but itself (its bytes
+        queue as with :meth:`write`). Not for many small writes in a row: each one
+        is a system call.
+        """
+        send = self._send_nowait
+        if send is None or self._out or self._sending or self._failed:
+            self.write(data)
+            return
+        try:
+            sent = send(data)
+        except OSError:
+            sent = 0  # the writer meets the error and ends the session as usual
+        if sent:
+            self._last_write = trio.current_time()
+        if sent < len(data):
+            self.write(memoryview(data)[sent:])
 
     async def write_when_room(self, data: bytes | bytearray) -> None:
         """Queue ``data`` once unsent output is under ``high_water`` (for producers)."""
@@ -357,6 +385,7 @@ class Session:
                     guard.pending = self.pending
                     guard.progress()
                 nursery.start_soon(self._write_loop)
+                self._send_nowait = nowait_sender(self.stream)
                 if self.write_timeout:
                     nursery.start_soon(self._watch_writes)
                 if self.shutdown is not None:
@@ -384,6 +413,7 @@ class Session:
                     await self._until(self._answered)
                 nursery.cancel_scope.cancel()
         finally:
+            self._send_nowait = None
             if guard is not None and guard.account is not None:
                 guard.account.hold(0)
 

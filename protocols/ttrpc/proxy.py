@@ -118,7 +118,7 @@ class Link(Session):
         """Write what clients queued on this connection's codec."""
         data = self.codec.data_to_send()
         if data:
-            self.write(data)
+            self.write_now(data)
 
     def deliver(self) -> None:
         """Hand each client connection what the server sent for it."""
@@ -347,7 +347,7 @@ class ProxySession(TtrpcSession):
 
     def relayed(self, data: bytes) -> None:
         """Frames the upstream sent for this client (:meth:`Link.deliver`)."""
-        self.write(data)
+        self.write_now(data)
         if not self.codec.relayed_streams:
             self.progress()  # a drain may wait for this (busy() is over)
         if self.unsent > self.max_backlog and not self._overrun:

@@ -16,7 +16,7 @@ from harness import running_gateway
 
 from gateway.model import Message, Outcome
 from gateway.plugin import PluginError
-from protocols.ttrpc import Code, TtrpcError
+from protocols.ttrpc import Code, TtrpcError, ttrpc_pb2
 from protocols.ttrpc.client import open_client
 from protocols.ttrpc.server import CallContext, Service, TtrpcSession
 
@@ -95,6 +95,19 @@ async def test_a_listener_proxies_routed_services(tmp_path: Path, backend: Backe
                 await client.call("other.v1.S", "M")
             assert info.value.message == "service other.v1.S"
     assert backend.received == [(b"hi", (("k", "v"),))]
+
+
+async def test_relayed_bytes_count_in_the_listener_s_metrics(
+    tmp_path: Path, backend: Backend
+) -> None:
+    """Replies relayed without the writer task (written at once) are counted all the same."""
+    async with running_gateway(config(tmp_path, backend)) as gw:
+        sent = gw.metrics.bytes_sent.labels(listener="rpc")
+        async with open_client(gw.addresses["rpc"][0]) as client:
+            for n in range(20):
+                assert await client.call(SVC, "Echo", b"%d" % n) == b"echo:%d" % n
+        replies = [ttrpc_pb2.Response(payload=b"echo:%d" % n) for n in range(20)]
+        assert sent.value == sum(10 + len(r.SerializeToString()) for r in replies)
 
 
 @pytest.fixture

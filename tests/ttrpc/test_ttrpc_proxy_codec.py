@@ -3,6 +3,8 @@ upstream connection and back, frame bytes untouched, without any I/O."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -41,7 +43,8 @@ def frames(data: bytes) -> list[Frame]:
     reader = FrameReader()
     reader.receive_data(data)
     out = reader.frames()
-    assert reader.end() is NEED_DATA and not reader.held_bytes
+    assert reader.end() is NEED_DATA
+    assert not reader.held_bytes
     assert all(isinstance(f, Frame) for f in out)
     return out  # type: ignore[return-value]
 
@@ -86,10 +89,12 @@ def test_a_unary_call_goes_up_under_an_id_of_the_upstream_and_comes_back_under_t
     body = request_body()
     assert rig.from_client(client, encode_frame(7, REQ, 0, body)) == []
     assert rig.sent_upstream() == [Frame(1, REQ, 0, body)]
-    assert client.relayed_streams == 1 and rig.upstream.active_streams == 1
+    assert client.relayed_streams == 1
+    assert rig.upstream.active_streams == 1
     reply = response_body(b"answer")
     assert rig.from_server(encode_frame(1, RESP, 0, reply)) == {client: [Frame(7, RESP, 0, reply)]}
-    assert client.relayed_streams == 0 and rig.upstream.active_streams == 0
+    assert client.relayed_streams == 0
+    assert rig.upstream.active_streams == 0
     # The stream is over on both sides: a second Response from the server is dropped.
     assert rig.from_server(encode_frame(1, RESP, 0, reply)) == {}
 
@@ -120,7 +125,8 @@ def test_a_service_the_router_declines_is_a_call_as_on_a_plain_server() -> None:
     client = rig.client()
     local = request_body(service="local.v1.Svc")
     (call,) = rig.from_client(client, encode_frame(1, REQ, 0, local))
-    assert isinstance(call, Call) and call.request.service == "local.v1.Svc"
+    assert isinstance(call, Call)
+    assert call.request.service == "local.v1.Svc"
     assert rig.upstream.data_to_send() == b""
     # Not ready now: a Call too, which the driver relays once a connection is ready.
     rig.ready = False
@@ -155,11 +161,15 @@ def test_a_bidi_stream_both_ways_and_its_closes() -> None:
     assert client.relayed_streams == 1
     # Data from the client after its close is bad input, answered here, never relayed.
     (bad,) = rig.from_client(client, encode_frame(5, DATA, 0, b"late"))
-    assert isinstance(bad, BadInput) and not bad.ends_stream
+    assert isinstance(bad, BadInput)
+    assert not bad.ends_stream
     assert rig.upstream.data_to_send() == b""
     # The server's close ends the stream everywhere.
-    assert rig.from_server(encode_frame(1, DATA, RC | ND)) == {client: [Frame(5, DATA, RC | ND, b"")]}
-    assert client.relayed_streams == 0 and rig.upstream.active_streams == 0
+    assert rig.from_server(encode_frame(1, DATA, RC | ND)) == {
+        client: [Frame(5, DATA, RC | ND, b"")]
+    }
+    assert client.relayed_streams == 0
+    assert rig.upstream.active_streams == 0
     assert rig.from_server(encode_frame(1, DATA, 0, b"stray")) == {}
 
 
@@ -172,7 +182,8 @@ def test_the_server_closing_first_leaves_the_client_s_side_open() -> None:
     assert client.relayed_streams == 1  # the client may still send
     rig.from_client(client, encode_frame(1, DATA, RC | ND))
     assert rig.sent_upstream() == [Frame(1, DATA, RC | ND, b"")]
-    assert client.relayed_streams == 0 and rig.upstream.active_streams == 0
+    assert client.relayed_streams == 0
+    assert rig.upstream.active_streams == 0
 
 
 def test_an_oversize_frame_from_the_server_fails_its_stream_alone() -> None:
@@ -187,11 +198,10 @@ def test_an_oversize_frame_from_the_server_fails_its_stream_alone() -> None:
     got = rig.from_server(header + bytes(length) + encode_frame(3, RESP, 0, response_body(b"ok")))
     failed, ok = got[client]
     assert failed.stream_id == 1
-    assert status_of(ttrpc_pb2.Response.FromString(failed.data)).code == (
-        Code.RESOURCE_EXHAUSTED
-    )
+    assert status_of(ttrpc_pb2.Response.FromString(failed.data)).code == (Code.RESOURCE_EXHAUSTED)
     assert ok == Frame(3, RESP, 0, response_body(b"ok"))
-    assert client.relayed_streams == 0 and rig.upstream.active_streams == 0
+    assert client.relayed_streams == 0
+    assert rig.upstream.active_streams == 0
 
 
 def test_a_client_s_oversize_frame_is_answered_here_and_its_upstream_reply_dropped() -> None:
@@ -202,7 +212,8 @@ def test_a_client_s_oversize_frame_is_answered_here_and_its_upstream_reply_dropp
     length = MAX_DATA + 1
     header = length.to_bytes(4, "big") + (1).to_bytes(4, "big") + bytes([DATA, 0])
     (bad,) = rig.from_client(client, header + bytes(length))
-    assert isinstance(bad, BadInput) and bad.ends_stream
+    assert isinstance(bad, BadInput)
+    assert bad.ends_stream
     assert rig.upstream.data_to_send() == b""
     assert rig.from_server(encode_frame(1, RESP, 0, response_body(b"late"))) == {}
     assert rig.upstream.active_streams == 0
@@ -217,7 +228,8 @@ def test_a_client_that_goes_away_leaves_its_calls_running_their_replies_dropped(
     gone.orphan_all()
     assert gone.relayed_streams == 0
     got = rig.from_server(
-        encode_frame(1, RESP, 0, response_body(b"x")) + encode_frame(3, RESP, 0, response_body(b"y"))
+        encode_frame(1, RESP, 0, response_body(b"x"))
+        + encode_frame(3, RESP, 0, response_body(b"y"))
     )
     assert got == {stays: [Frame(1, RESP, 0, response_body(b"y"))]}
     assert rig.upstream.active_streams == 0
@@ -226,7 +238,9 @@ def test_a_client_that_goes_away_leaves_its_calls_running_their_replies_dropped(
 def test_a_lost_connection_fails_each_live_stream_with_the_status_given() -> None:
     rig = Rig()
     a, b = rig.client(), rig.client()
-    rig.from_client(a, encode_frame(1, REQ, 0, request_body()) + encode_frame(3, REQ, RO, request_body()))
+    rig.from_client(
+        a, encode_frame(1, REQ, 0, request_body()) + encode_frame(3, REQ, RO, request_body())
+    )
     rig.from_client(b, encode_frame(9, REQ, 0, request_body()))
     rig.sent_upstream()
     lost = Status(Code.UNAVAILABLE, "upstream u: connection lost")
@@ -274,5 +288,5 @@ def test_what_goes_upstream_does_not_depend_on_how_the_client_s_bytes_were_cut(
         return rig.upstream.data_to_send(), events
 
     bounds = [0, *sorted(cuts), len(WIRE)]
-    pieces = [WIRE[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    pieces = [WIRE[a:b] for a, b in itertools.pairwise(bounds)]
     assert run(pieces) == run([WIRE])
