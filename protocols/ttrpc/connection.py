@@ -8,7 +8,7 @@ from typing import Generic, TypeVar
 
 from gateway.protocol import ConnectionClosed, NeedData
 
-from .frames import MAX_DATA, Frame, FrameReader, Oversize, _frames_size
+from .frames import MAX_DATA, Frame, FrameReader, Oversize, frames_size
 
 __all__ = ["FramedConnection"]
 
@@ -30,7 +30,7 @@ class FramedConnection(Generic[E]):
     def held_bytes(self) -> int:
         """Received bytes not yet decided: a partial frame, whole frames not yet turned
         into events (skipped oversize data excluded)."""
-        return self._reader.held_bytes + _frames_size(self._frames[self._next :])
+        return self._reader.held_bytes + frames_size(self._frames[self._next :])
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Add received bytes; ``b""`` means the peer closed its side."""

@@ -30,6 +30,7 @@ __all__ = [
     "MessageType",
     "Oversize",
     "encode_frame",
+    "frames_size",
 ]
 
 #: Data length, stream id, message type, flags.
@@ -114,7 +115,7 @@ class FrameReader:
     @property
     def held_bytes(self) -> int:
         """Received bytes not yet returned (a partial frame), skipped data excluded."""
-        return len(self._buffer) + _frames_size(self._ready)
+        return len(self._buffer) + frames_size(self._ready)
 
     @property
     def skipping(self) -> int:
@@ -174,6 +175,6 @@ class FrameReader:
         return ready.popleft()
 
 
-def _frames_size(frames: Iterable[Frame | Oversize]) -> int:
+def frames_size(frames: Iterable[Frame | Oversize]) -> int:
     """Bytes of whole frames held (an oversize frame's data is never held)."""
     return sum(HEADER.size + len(f.data) for f in frames if isinstance(f, Frame))
