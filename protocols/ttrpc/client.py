@@ -133,12 +133,12 @@ class ClientCall:
     async def send(self, data: bytes) -> None:
         """Send one message (client-streaming and bidi calls); raises if the call ended."""
         self._raise_if_ended()
-        await self._client._write(lambda codec: codec.send(self.stream_id, data))
+        await self._client._write(self, lambda codec: codec.send(self.stream_id, data))
 
     async def close_send(self) -> None:
         """Send no more messages: the server's handler sees the end of its input."""
         self._raise_if_ended()
-        await self._client._write(lambda codec: codec.close_send(self.stream_id))
+        await self._client._write(self, lambda codec: codec.close_send(self.stream_id))
 
     async def receive(self) -> bytes:
         """The server's next message; ``trio.EndOfChannel`` once the call ended OK.
@@ -284,23 +284,36 @@ class Client:
         self._calls.pop(stream_id, None)
         self._session.codec.abandon(stream_id)
 
-    async def _write(self, frame: Any) -> None:
-        """Make a frame (``frame(codec) -> bytes``) once there is room, and queue it."""
+    async def _write(self, call: ClientCall, frame: Any) -> None:
+        """Make a frame of ``call`` (``frame(codec) -> bytes``) once there is room, and
+        queue it; DEADLINE_EXCEEDED if there is no room by the call's deadline."""
         session = self._session
-        await session.wait_for_room()
+        if not await self._room_by(call.deadline):
+            call._expire()
         if self.is_closed:
             raise closed()
         session.write(frame(session.codec))
 
-    def _deadline(self, timeout: float | None) -> tuple[float, int]:
-        """The call's trio deadline and its ``timeout_nano`` (0: none)."""
-        now = trio.current_time()
+    async def _room_by(self, deadline: float) -> bool:
+        """Wait for room in the connection's output until ``deadline``: whether there is.
+
+        (A cancel scope only when there is none now: it costs more than a call.)
+        """
+        session = self._session
+        if session.unsent <= session.high_water or math.isinf(deadline):
+            await session.wait_for_room()
+            return True
+        with trio.move_on_at(deadline):
+            await session.wait_for_room()
+            return True
+        return False
+
+    def _deadline(self, timeout: float | None) -> float:
+        """The call's trio deadline: ``timeout`` from now, or the caller's own."""
         deadline = trio.current_effective_deadline()
         if timeout is not None:
-            deadline = min(deadline, now + timeout)
-        if math.isinf(deadline):
-            return deadline, 0
-        return deadline, max(1, int((deadline - now) * 1e9))
+            deadline = min(deadline, trio.current_time() + timeout)
+        return deadline
 
     async def _start(
         self,
@@ -311,13 +324,18 @@ class Client:
         timeout: float | None,
         metadata: Metadata | None,
     ) -> ClientCall:
-        deadline, timeout_nano = self._deadline(timeout)
+        deadline = self._deadline(timeout)
         call = ClientCall(self, kind, deadline)
         pairs = _pairs(metadata)
         session = self._session
-        await session.wait_for_room()
+        if not await self._room_by(deadline):
+            raise deadline_exceeded().error()
         if self.is_closed:
             raise closed()
+        # What is left of the deadline once the Request can go (0: none).
+        timeout_nano = 0
+        if not math.isinf(deadline):
+            timeout_nano = max(1, int((deadline - trio.current_time()) * 1e9))
         # Ids reach the wire in the order they are handed out: no wait in between.
         call.stream_id, wire = session.codec.start(
             kind, service, method, payload, timeout_nano=timeout_nano, metadata=pairs

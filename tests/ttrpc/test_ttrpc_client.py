@@ -195,6 +195,55 @@ async def test_local_deadline_holds_against_a_server_that_ignores_it(
         assert client.active_calls == 0
 
 
+async def test_a_call_that_cannot_be_sent_fails_by_its_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A server that does not read: the connection's output stays over its high water,
+    and a call waiting for room there still ends by its deadline."""
+    _server_side, client_side = trio.testing.lockstep_stream_pair()
+    with trio.fail_after(60):  # without the bound, the calls would wait forever
+        await _calls_over_a_full_connection(client_side)
+
+
+async def _calls_over_a_full_connection(client_side: trio.abc.Stream) -> None:
+    async with open_client(client_side) as client, trio.open_nursery() as nursery:
+        # The writer blocks on the first; the second stays queued, over the high water.
+        for _ in range(2):
+            nursery.start_soon(client.call, SVC, "Echo", bytes(2 << 20))
+        await trio.testing.wait_all_tasks_blocked()
+        started = trio.current_time()
+        with pytest.raises(TtrpcError) as info:
+            await client.call(SVC, "Echo", b"x", timeout=1)
+        assert info.value.code == Code.DEADLINE_EXCEEDED
+        assert trio.current_time() == started + 1
+        with pytest.raises(TtrpcError) as info:
+            async with client.stream(SVC, "Total", CallKind.CLIENT_STREAMING, timeout=5):
+                pass  # never reached: the Request itself cannot go
+        assert info.value.code == Code.DEADLINE_EXCEEDED
+        assert trio.current_time() == started + 6
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_message_that_cannot_be_sent_fails_its_call_by_the_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    _server_side, client_side = trio.testing.lockstep_stream_pair()
+    with trio.fail_after(60):  # without the bound, the send would wait forever
+        await _a_message_over_a_full_connection(client_side)
+
+
+async def _a_message_over_a_full_connection(client_side: trio.abc.Stream) -> None:
+    async with open_client(client_side) as client:
+        async with client.stream(SVC, "Total", CallKind.CLIENT_STREAMING, timeout=3) as call:
+            await trio.testing.wait_all_tasks_blocked()  # the writer holds the Request
+            await call.send(bytes(2 << 20))  # queued: over the high water now
+            with pytest.raises(TtrpcError) as info:
+                await call.send(b"x")
+            assert info.value.code == Code.DEADLINE_EXCEEDED
+            assert trio.current_time() == 3
+        assert client.active_calls == 0
+
+
 async def test_cancelled_call_is_forgotten(
     client: Client, autojump_clock: trio.testing.MockClock
 ) -> None:
