@@ -11,7 +11,6 @@ CPU time can be read on its own from ``/proc/<pid>/stat``.
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import tomli_w
 import trio
 
 from ._process import cpu_times, stop
@@ -227,35 +227,6 @@ def parse_serving(text: str) -> dict[str, list[str]]:
 
 
 def to_toml(data: Mapping[str, Any]) -> str:
-    """A TOML document for a config dict of tables, arrays of tables and scalars.
-
-    Just enough TOML for gateway configs: tables of scalars or string lists,
-    and arrays of such tables (``[[listeners]]``).
-    """
-    lines: list[str] = []
-    for key, value in data.items():
-        if isinstance(value, Mapping):
-            lines.append(f"[{key}]")
-            lines += [f"{k} = {_toml_value(v)}" for k, v in value.items()]
-            lines.append("")
-        elif isinstance(value, list):
-            for item in value:
-                lines.append(f"[[{key}]]")
-                lines += [f"{k} = {_toml_value(v)}" for k, v in item.items()]
-                lines.append("")
-        else:
-            raise ValueError(f"top-level {key!r} must be a table or an array of tables")
-    return "\n".join(lines)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        # A JSON string is a valid TOML basic string for the characters used here.
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise ValueError(f"cannot write {value!r} as TOML")
+    """A gateway config dict as a TOML document (``tomli_w``: arrays of tables, tables
+    nested in their items such as ``[[listeners.services]]`` or ``[listeners.tls]``)."""
+    return tomli_w.dumps(data)

@@ -351,7 +351,7 @@ def _prepare(
     config: Mapping[str, Any], path: Path, command: list[str], profile: Path | None
 ) -> list[str]:
     """Write the config file; the full command line to run."""
-    path.write_text(to_toml(_dotted(config)), encoding="utf-8")
+    path.write_text(to_toml(config), encoding="utf-8")
     argv = [sys.executable, *(str(path) if a == "{config}" else a for a in command)]
     if profile is not None:
         argv[1:1] = ["-m", "cProfile", "-o", str(profile.resolve())]
@@ -398,30 +398,6 @@ class _LogTail(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.running.log.append(self.format(record))
-
-
-def _dotted(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``config`` with tables nested in array items (``tls``) as dotted keys, for ``to_toml``.
-
-    ``{"tls": {"cert": "x"}}`` in a ``[[listeners]]`` item becomes the TOML
-    line ``tls.cert = "x"``, which reads back as the same nested table.
-    """
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, list):
-            items = []
-            for item in value:
-                flat: dict[str, Any] = {}
-                for k, v in item.items():
-                    if isinstance(v, Mapping):
-                        flat.update({f"{k}.{kk}": vv for kk, vv in v.items()})
-                    else:
-                        flat[k] = v
-                items.append(flat)
-            out[key] = items
-        else:
-            out[key] = value
-    return out
 
 
 # -- configs --------------------------------------------------------------------------------

@@ -271,13 +271,11 @@ def gateway_toml(args: argparse.Namespace, bind: str, upstream: str, data_dir: P
                 # No interchange.v1.Messaging: a call can only be answered by the upstream.
                 "messaging": False,
                 "max_calls": max(1024, *args.concurrency),
+                "services": [{"match": f"{SERVICE.rsplit('.', 1)[0]}.*", "upstream": UPSTREAM}],
             }
         ],
     }
-    # _gateway.to_toml writes no nested arrays of tables; the route belongs to the last
-    # [[listeners]] table, which is what a [[listeners.services]] after it means in TOML.
-    route = f'[[listeners.services]]\nmatch = "{SERVICE.rsplit(".", 1)[0]}.*"\n'
-    return to_toml(config) + "\n" + route + f'upstream = "{UPSTREAM}"\n'
+    return to_toml(config)
 
 
 @contextlib.asynccontextmanager
