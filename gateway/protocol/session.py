@@ -428,7 +428,7 @@ class Session:
         # A cancel scope per read costs more than the read of a few small frames: only
         # a session whose reads can time out has one.
         timed = self.timed_reads or bool(self.unit_timeout)
-        scope: trio.CancelScope | contextlib.nullcontext[None] = _UNTIMED
+        scope: trio.CancelScope | None = None
         while True:
             if answers.full:
                 await self._pause()
@@ -438,7 +438,7 @@ class Session:
                     # The unit timer fired just as the last read completed: that read won,
                     # and the unit is still partial, so this one loses at once.
                     scope.cancel()
-            with scope:
+            with scope or _UNTIMED:
                 if (
                     account is not None
                     and account.held > self.receive_size
@@ -454,7 +454,7 @@ class Session:
                 finally:
                     self._in_receive = False
             self._read_scope = None
-            if timed and scope.cancelled_caught:  # type: ignore[union-attr]
+            if scope is not None and scope.cancelled_caught:
                 raise trio.TooSlowError(self._unit_expired or self._deadline_reason)
             codec.receive_data(data)
             progressed = False
