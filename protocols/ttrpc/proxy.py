@@ -44,7 +44,7 @@ from gateway.protocol import Session
 
 from . import status as statuses
 from . import ttrpc_pb2
-from .events import Call
+from .events import Call, HalfClosed, Message
 from .proxy_codec import ProxyClientConnection, ProxyServerConnection
 from .server import TtrpcSession, too_many_calls
 from .status import Code, Status
@@ -264,7 +264,7 @@ class ProxySession(TtrpcSession):
         max_backlog: int = MAX_BACKLOG,
         **kwargs: Any,
     ) -> None:
-        codec = ProxyServerConnection(self._ready_upstream, self)
+        codec = ProxyServerConnection(self._ready_upstream, self, has_room=_has_room)
         super().__init__(stream, services, codec=codec, **kwargs)
         self.routes = routes
         self.max_backlog = max_backlog
@@ -309,7 +309,23 @@ class ProxySession(TtrpcSession):
                 if pool is not None:
                     await self._open(event, pool)
                     return
+        elif isinstance(event, Message | HalfClosed) and self.codec.is_relayed(event.stream_id):
+            await self._relay_later(event)
+            return
         await super().handle(event)
+
+    async def _relay_later(self, event: Message | HalfClosed) -> None:
+        """Relay a message of a relayed stream once its upstream connection has room
+        (the reader waits meanwhile: backpressure reaches this client's socket)."""
+        self.received()  # what was relayed before it goes first
+        upstream = self.codec.upstream_of(event.stream_id)
+        if upstream is not None:
+            await upstream.context.wait_for_room()
+        if isinstance(event, Message):
+            self.codec.relay_data(event.stream_id, event.data, False)
+        else:
+            self.codec.relay_data(event.stream_id, None, True)
+        self.received()
 
     async def _open(self, call: Call, pool: Pool) -> None:
         """Relay a call once a connection of ``pool`` is ready and has room (the router
@@ -355,6 +371,12 @@ class ProxySession(TtrpcSession):
             self._overrun = True
             self.log.warning("closing: %d bytes relayed to this client are not read", self.unsent)
             self.nursery.cancel_scope.cancel()
+
+
+def _has_room(upstream: ProxyClientConnection) -> bool:
+    """Whether an upstream connection's unsent output is under its high water."""
+    link: Link = upstream.context
+    return link.unsent <= link.high_water
 
 
 def _lost(pool: Pool) -> Status:

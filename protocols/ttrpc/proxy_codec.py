@@ -70,9 +70,18 @@ class ProxyServerConnection(ServerConnection):
     belongs to).
     """
 
-    def __init__(self, router: Router, context: Any = None, max_data: int = MAX_DATA) -> None:
+    def __init__(
+        self,
+        router: Router,
+        context: Any = None,
+        max_data: int = MAX_DATA,
+        has_room: Callable[[ProxyClientConnection], bool] = lambda upstream: True,
+    ) -> None:
         super().__init__(max_data)
         self.router = router
+        #: Whether an upstream connection takes more now; when not, a relayed stream's
+        #: Data comes out as events for the driver to relay once it does (:meth:`relay_data`).
+        self.has_room = has_room
         self.context = context
         #: Relayed streams still open: our stream id -> (upstream connection, its id).
         self._relayed: dict[int, tuple[ProxyClientConnection, int]] = {}
@@ -151,8 +160,28 @@ class ProxyServerConnection(ServerConnection):
 
     def _received(self, sid: int, message: bytes | None, closing: bool) -> ServerEvent | None:
         relayed = self._relayed.get(sid)
-        if relayed is None:
+        if relayed is None or not self.has_room(relayed[0]):
+            # Not relayed, or its upstream is full: Message / HalfClosed events.
             return super()._received(sid, message, closing)
+        self.relay_data(sid, message, closing)
+        return None
+
+    def is_relayed(self, stream_id: int) -> bool:
+        return stream_id in self._relayed
+
+    def upstream_of(self, stream_id: int) -> ProxyClientConnection | None:
+        """The upstream connection a relayed stream is on (None: not relayed, or over)."""
+        relayed = self._relayed.get(stream_id)
+        return None if relayed is None else relayed[0]
+
+    def relay_data(self, stream_id: int, message: bytes | None, closing: bool) -> None:
+        """Relay a client's ``message`` (None: none) on a relayed stream, then its close.
+
+        Nothing goes once the stream is over here (answered meanwhile).
+        """
+        relayed = self._relayed.get(stream_id)
+        if relayed is None:
+            return
         upstream, upstream_sid = relayed
         # A message and the close go as two frames: Go servers mishandle Data that
         # carries both (research §3).
@@ -160,10 +189,9 @@ class ProxyServerConnection(ServerConnection):
             upstream.send_data(upstream_sid, 0, message)
         if closing:
             upstream.send_data(upstream_sid, _CLOSE, b"")
-            if sid not in self._streams:  # our side had closed: the stream is over
-                del self._relayed[sid]
+            if stream_id not in self._streams:  # our side had closed: the stream is over
+                del self._relayed[stream_id]
         self._touched[upstream] = None
-        return None
 
     def _end(self, sid: int) -> bool:
         relayed = self._relayed.pop(sid, None)

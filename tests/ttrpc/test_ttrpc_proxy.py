@@ -8,6 +8,7 @@ in the proxy."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -17,6 +18,7 @@ import trio
 import trio.testing
 
 from gateway.plugin import ConnectionInfo, Upstream, UpstreamSettings
+from gateway.protocol.session import HIGH_WATER
 from protocols.ttrpc import Code, TtrpcError
 from protocols.ttrpc import status as statuses
 from protocols.ttrpc.client import CallKind, Client, open_client
@@ -409,3 +411,46 @@ async def test_a_client_that_does_not_read_is_closed(nursery: trio.Nursery) -> N
                 break
             await trio.sleep(0.05)
     assert await client.call(SVC, "Echo", b"fine") == b"a:fine"
+
+
+async def test_a_client_streaming_to_an_upstream_that_does_not_read_is_held_back(
+    nursery: trio.Nursery, mock_clock: trio.testing.MockClock
+) -> None:
+    """The proxy stops reading the client while the upstream connection is over its high
+    water: the client's sends wait, and what the proxy holds for the upstream is bounded."""
+    # Jump only once nothing happened for a while of real time: bytes in flight between
+    # real sockets wait for the kernel, which a jump at once would not wait for.
+    mock_clock.autojump_threshold = 0.2
+    held: list[trio.SocketStream] = []
+
+    async def deaf(stream: trio.SocketStream) -> None:
+        held.append(stream)  # accepted, never read
+        await trio.sleep_forever()
+
+    upstream = await nursery.start(partial(trio.serve_tcp, deaf, 0, host="127.0.0.1"))
+    settings = UpstreamSettings(
+        name="deaf", protocol="ttrpc", connect=[f"127.0.0.1:{upstream[0].socket.getsockname()[1]}"]
+    )
+    pool = Pool(Upstream(settings, connector()), nursery)
+    table = Routes([Route("test.v1.*", "deaf")], {"deaf": pool})
+
+    async def serve(stream: trio.SocketStream) -> None:
+        with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+            await ProxySession(stream, {}, table).serve()
+
+    proxy = await nursery.start(partial(trio.serve_tcp, serve, 0, host="127.0.0.1"))
+    host, port = proxy[0].socket.getsockname()[:2]
+    message = bytes(256 * 1024)
+    sent = 0
+    async with (
+        open_client(f"{host}:{port}") as client,
+        client.stream(SVC, "Total", CallKind.CLIENT_STREAMING) as call,
+    ):
+        with trio.move_on_after(10):
+            while sent < 256 * 1024 * 1024:  # bounded, should the proxy never hold back
+                await call.send(message)
+                sent += len(message)
+        (link,) = pool.links
+        assert link.unsent < 2 * HIGH_WATER
+        assert sent < 128 * 1024 * 1024  # the client was held back, not drained
+        nursery.cancel_scope.cancel()

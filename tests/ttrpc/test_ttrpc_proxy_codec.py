@@ -23,7 +23,7 @@ from protocols.ttrpc import (
     status_of,
     ttrpc_pb2,
 )
-from protocols.ttrpc.events import BadInput, Call
+from protocols.ttrpc.events import BadInput, Call, HalfClosed, Message
 from protocols.ttrpc.proxy_codec import ProxyClientConnection, ProxyServerConnection
 
 RC, RO, ND = Flags.REMOTE_CLOSED, Flags.REMOTE_OPEN, Flags.NO_DATA
@@ -171,6 +171,31 @@ def test_a_bidi_stream_both_ways_and_its_closes() -> None:
     assert client.relayed_streams == 0
     assert rig.upstream.active_streams == 0
     assert rig.from_server(encode_frame(1, DATA, 0, b"stray")) == {}
+
+
+def test_data_for_a_full_upstream_comes_out_as_events_for_the_driver_to_relay() -> None:
+    rig = Rig()
+    room = [True]
+    client = ProxyServerConnection(lambda service: rig.upstream, has_room=lambda up: room[0])
+    rig.from_client(client, encode_frame(1, REQ, RO, request_body()))
+    rig.sent_upstream()
+    room[0] = False  # the upstream connection is over its high water
+    events = rig.from_client(client, encode_frame(1, DATA, RC, b"last"))
+    assert events == [Message(1, b"last"), HalfClosed(1)]
+    assert rig.upstream.data_to_send() == b""
+    assert client.is_relayed(1)
+    assert client.upstream_of(1) is rig.upstream
+    # Once there is room the driver relays them, in order, as two frames.
+    client.relay_data(1, b"last", False)
+    client.relay_data(1, None, True)
+    assert client.take_touched() == [rig.upstream]
+    assert rig.sent_upstream() == [Frame(1, DATA, 0, b"last"), Frame(1, DATA, RC | ND, b"")]
+    # The server answers: the stream is over everywhere, and later relays do nothing.
+    rig.from_server(encode_frame(1, RESP, 0, response_body(b"n")))
+    assert not client.is_relayed(1)
+    assert client.upstream_of(1) is None
+    client.relay_data(1, b"late", True)
+    assert rig.upstream.data_to_send() == b""
 
 
 def test_the_server_closing_first_leaves_the_client_s_side_open() -> None:
