@@ -16,8 +16,11 @@ connections with output (:meth:`ProxyClientConnection.data_to_send`), and
 Everything else is the server codec's: a stream whose service is served
 locally, or whose upstream connection is not ready (the router says None),
 comes out as a :class:`~.events.Call` as usual, and the driver relays it
-later with :meth:`ProxyServerConnection.relay`; bad input comes out as
-:class:`~.events.BadInput` for the driver to answer.
+later with :meth:`ProxyServerConnection.relay`; Data of a relayed stream
+whose upstream connection has no room (``has_room``) comes out as
+:class:`~.events.Message` / :class:`~.events.HalfClosed`, for the driver to
+relay with :meth:`ProxyServerConnection.relay_data` once it has; bad input
+comes out as :class:`~.events.BadInput` for the driver to answer.
 
 A stream is over once the server sent its Response, or its Data ``remote
 closed`` after the client closed its side too. What the server sends for a
