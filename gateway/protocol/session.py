@@ -266,13 +266,19 @@ class Session:
         """Bytes queued and not yet handed to the stream (the peer's backlog)."""
         return len(self._out)
 
+    @property
+    def has_room(self) -> bool:
+        """Whether unsent output is within ``high_water`` (:meth:`wait_for_room` would not
+        wait)."""
+        return len(self._out) <= self.high_water
+
     async def wait_for_room(self) -> None:
         """Wait until unsent output is under ``high_water``.
 
         For a producer whose bytes depend on when they are made (a stream id
         handed out in order): wait, then make them and :meth:`write` at once.
         """
-        while len(self._out) > self.high_water:
+        while not self.has_room:
             await self._room.park()
 
     async def submit(

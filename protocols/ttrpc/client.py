@@ -300,7 +300,7 @@ class Client:
         (A cancel scope only when there is none now: it costs more than a call.)
         """
         session = self._session
-        if session.unsent <= session.high_water or math.isinf(deadline):
+        if session.has_room or math.isinf(deadline):
             await session.wait_for_room()
             return True
         with trio.move_on_at(deadline):

@@ -289,7 +289,7 @@ class ProxySession(TtrpcSession):
         if pool is None or self.codec.relayed_streams + len(self._calls) >= self.max_calls:
             return None
         link = pool.ready_link()
-        if link is None or link.unsent > link.high_water:
+        if link is None or not link.has_room:
             return None
         return link.codec
 
@@ -374,9 +374,9 @@ class ProxySession(TtrpcSession):
 
 
 def _has_room(upstream: ProxyClientConnection) -> bool:
-    """Whether an upstream connection's unsent output is under its high water."""
+    """Whether an upstream connection takes more output now (its :class:`Link`'s room)."""
     link: Link = upstream.context
-    return link.unsent <= link.high_water
+    return link.has_room
 
 
 def _lost(pool: Pool) -> Status:
