@@ -270,6 +270,10 @@ class ProxySession(TtrpcSession):
         self.max_backlog = max_backlog
         self._overrun = False
 
+    def open_calls(self) -> int:
+        """Calls answered here and calls relayed: ``max_calls`` bounds them together."""
+        return self.codec.relayed_streams + super().open_calls()
+
     def busy(self) -> bool:
         return bool(self.codec.relayed_streams) or super().busy()
 
@@ -286,7 +290,7 @@ class ProxySession(TtrpcSession):
         if self._draining or service in self.services:
             return None
         pool = self.routes.pool_for(service)
-        if pool is None or self.codec.relayed_streams + len(self._calls) >= self.max_calls:
+        if pool is None or self.open_calls() >= self.max_calls:
             return None
         link = pool.ready_link()
         if link is None or not link.has_room:
@@ -333,7 +337,7 @@ class ProxySession(TtrpcSession):
         self.received()  # what was relayed before this call goes first
         arrived = trio.current_time()
         sid = call.stream_id
-        if self.codec.relayed_streams + len(self._calls) >= self.max_calls:
+        if self.open_calls() >= self.max_calls:
             self.write(self.codec.respond(sid, status=too_many_calls(self.max_calls)))
             return
         try:

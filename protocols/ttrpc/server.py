@@ -149,6 +149,10 @@ class TtrpcSession(Session):
         self._calls: dict[int, _Active] = {}
         self._draining = False
 
+    def open_calls(self) -> int:
+        """Calls this connection has open (its handlers running), for ``max_calls``."""
+        return len(self._calls)
+
     # -- Session hooks -------------------------------------------------------------------
     def busy(self) -> bool:
         return bool(self._calls)
@@ -186,7 +190,7 @@ class TtrpcSession(Session):
         if method is None:
             self._refuse(sid, statuses.unknown_method(request.method))
             return
-        if len(self._calls) >= self.max_calls:
+        if self.open_calls() >= self.max_calls:
             self._refuse(sid, too_many_calls(self.max_calls))
             return
         timeout = request.timeout_nano

@@ -133,6 +133,8 @@ async def rig(
     connect_delay: float = 0,
     routes: tuple[Route, ...] = (Route("test.v1.*", "a"),),
     max_backlog: int = 16 * 1024 * 1024,
+    services: dict[str, Service] | None = None,
+    max_calls: int = 1024,
 ) -> Rig:
     backends: dict[str, Backend] = {}
     pools: dict[str, Pool] = {}
@@ -148,7 +150,9 @@ async def rig(
 
     async def serve(stream: trio.SocketStream) -> None:
         try:
-            await ProxySession(stream, {}, table, max_backlog=max_backlog).serve()
+            await ProxySession(
+                stream, services or {}, table, max_backlog=max_backlog, max_calls=max_calls
+            ).serve()
         except* (trio.ClosedResourceError, trio.BrokenResourceError):
             pass  # a client that went away (the runtime logs it)
 
@@ -454,3 +458,34 @@ async def test_a_client_streaming_to_an_upstream_that_does_not_read_is_held_back
         assert link.unsent < 2 * HIGH_WATER
         assert sent < 128 * 1024 * 1024  # the client was held back, not drained
         nursery.cancel_scope.cancel()
+
+
+async def test_max_calls_bounds_local_and_relayed_calls_together(
+    nursery: trio.Nursery, mock_clock: trio.testing.MockClock
+) -> None:
+    mock_clock.autojump_threshold = 0.05  # calls in flight between real sockets land first
+    local = Service("local.v1.Svc")
+
+    async def wait(ctx: CallContext, payload: bytes) -> bytes:
+        await trio.sleep(float(payload))
+        return b"waited"
+
+    local.unary("Wait", wait)
+    r = await rig(nursery, services={local.name: local}, max_calls=1)
+    client = await nursery_client(nursery, r)
+
+    async def refused(service: str, method: str) -> None:
+        with pytest.raises(TtrpcError) as info:
+            await client.call(service, method, b"1")
+        assert info.value.code == Code.RESOURCE_EXHAUSTED
+
+    async with trio.open_nursery() as calls:
+        calls.start_soon(client.call, SVC, "Sleep", b"5")  # relayed, open for 5 s
+        await trio.sleep(1)
+        await refused("local.v1.Svc", "Wait")
+    async with trio.open_nursery() as calls:
+        calls.start_soon(client.call, "local.v1.Svc", "Wait", b"5")  # local, open for 5 s
+        await trio.sleep(1)
+        await refused(SVC, "Sleep")
+    assert await client.call("local.v1.Svc", "Wait", b"1") == b"waited"
+    assert await client.call(SVC, "Sleep", b"1") == b"slept 1"
