@@ -313,18 +313,18 @@ class ProxySession(TtrpcSession):
                 if pool is not None:
                     await self._open(event, pool)
                     return
-        elif isinstance(event, Message | HalfClosed) and self.codec.is_relayed(event.stream_id):
-            await self._relay_later(event)
-            return
+        elif isinstance(event, Message | HalfClosed):
+            upstream = self.codec.upstream_of(event.stream_id)
+            if upstream is not None:
+                await self._relay_later(event, upstream.context)
+                return
         await super().handle(event)
 
-    async def _relay_later(self, event: Message | HalfClosed) -> None:
+    async def _relay_later(self, event: Message | HalfClosed, link: Link) -> None:
         """Relay a message of a relayed stream once its upstream connection has room
         (the reader waits meanwhile: backpressure reaches this client's socket)."""
         self.received()  # what was relayed before it goes first
-        upstream = self.codec.upstream_of(event.stream_id)
-        if upstream is not None:
-            await upstream.context.wait_for_room()
+        await link.wait_for_room()
         if isinstance(event, Message):
             self.codec.relay_data(event.stream_id, event.data, False)
         else:

@@ -62,7 +62,6 @@ _REMOTE_CLOSED = Flags.REMOTE_CLOSED
 _CLOSE = Flags.REMOTE_CLOSED | Flags.NO_DATA
 _pack = HEADER.pack
 _LOCAL_CLOSED = StreamState.LOCAL_CLOSED
-_REMOTE_CLOSED_STATE = StreamState.REMOTE_CLOSED
 
 
 class ProxyServerConnection(ServerConnection):
@@ -111,6 +110,11 @@ class ProxyServerConnection(ServerConnection):
         with ``request`` (the Request as received, or with its deadline shrunk)."""
         if self.stream_state(stream_id) is None:
             raise LocalProtocolError(f"stream {stream_id} is not open")
+        self._relay_on(upstream, stream_id, flags, request)
+
+    def _relay_on(
+        self, upstream: ProxyClientConnection, stream_id: int, flags: int, request: bytes
+    ) -> None:
         self._relayed[stream_id] = (upstream, upstream.open(self, stream_id, flags, request))
         self._touched[upstream] = None
 
@@ -138,10 +142,7 @@ class ProxyServerConnection(ServerConnection):
         if type == _RESPONSE:
             del streams[stream_id]
         elif type == _DATA and flags & _REMOTE_CLOSED:
-            if stream.state is _REMOTE_CLOSED_STATE:
-                del streams[stream_id]
-            else:
-                stream.state = _LOCAL_CLOSED
+            self._close_local(stream_id, stream)
         return _pack(len(data), stream_id, type, flags) + data
 
     def relay_failed(self, stream_id: int, status: Status) -> bytes | None:
@@ -157,8 +158,7 @@ class ProxyServerConnection(ServerConnection):
         upstream = self.router(request.service)
         if upstream is None:
             return super()._opened(sid, request, frame)
-        self._relayed[sid] = (upstream, upstream.open(self, sid, frame.flags, frame.data))
-        self._touched[upstream] = None
+        self._relay_on(upstream, sid, frame.flags, frame.data)
         return None
 
     def _received(self, sid: int, message: bytes | None, closing: bool) -> ServerEvent | None:
@@ -168,9 +168,6 @@ class ProxyServerConnection(ServerConnection):
             return super()._received(sid, message, closing)
         self.relay_data(sid, message, closing)
         return None
-
-    def is_relayed(self, stream_id: int) -> bool:
-        return stream_id in self._relayed
 
     def upstream_of(self, stream_id: int) -> ProxyClientConnection | None:
         """The upstream connection a relayed stream is on (None: not relayed, or over)."""

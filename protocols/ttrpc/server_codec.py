@@ -154,11 +154,16 @@ class ServerConnection(FramedConnection[ServerEvent]):
             raise LocalProtocolError("a Data frame without a message must close the stream")
         flags = (Flags.REMOTE_CLOSED if close else 0) | (Flags.NO_DATA if data is None else 0)
         if close:
-            if stream.state is StreamState.REMOTE_CLOSED:
-                del self._streams[stream_id]
-            else:
-                stream.state = StreamState.LOCAL_CLOSED
+            self._close_local(stream_id, stream)
         return encode_frame(stream_id, MessageType.DATA, flags, data or b"")
+
+    def _close_local(self, stream_id: int, stream: _Stream) -> None:
+        """Our side of the stream closes (Data ``remote closed`` goes out): the stream is
+        finished if the client's side was closed already."""
+        if stream.state is StreamState.REMOTE_CLOSED:
+            del self._streams[stream_id]
+        else:
+            stream.state = StreamState.LOCAL_CLOSED
 
     def reply(self, event: BadInput) -> bytes:
         """The error Response to a :class:`BadInput`, on its stream id."""
