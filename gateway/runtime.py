@@ -106,10 +106,7 @@ class _TrackedStream(trio.abc.Stream):
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self.inner.send_all(data)
-        self._sent.inc(len(data))
-        self.bytes_out += len(data)
-        if self.conn is not None and not self.guard.reports_progress:
-            self.conn.touch()
+        self._count_sent(len(data))
 
     def nowait_sender(self) -> NowaitSender | None:
         """The inner stream's way to write without waiting, counting what it writes."""
@@ -120,13 +117,16 @@ class _TrackedStream(trio.abc.Stream):
         def send(data: bytes | bytearray | memoryview) -> int:
             sent = inner(data)
             if sent:
-                self._sent.inc(sent)
-                self.bytes_out += sent
-                if self.conn is not None and not self.guard.reports_progress:
-                    self.conn.touch()
+                self._count_sent(sent)
             return sent
 
         return send
+
+    def _count_sent(self, n: int) -> None:
+        self._sent.inc(n)
+        self.bytes_out += n
+        if self.conn is not None and not self.guard.reports_progress:
+            self.conn.touch()
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.inner.wait_send_all_might_not_block()
