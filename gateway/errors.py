@@ -8,7 +8,15 @@ not allow in the current state (a bug, or a misused API).
 
 from __future__ import annotations
 
-__all__ = ["LocalProtocolError", "ProtocolError", "RemoteProtocolError", "first_leaf"]
+from collections.abc import Awaitable, Callable
+
+__all__ = [
+    "LocalProtocolError",
+    "ProtocolError",
+    "RemoteProtocolError",
+    "StorageFull",
+    "first_leaf",
+]
 
 
 class ProtocolError(Exception):
@@ -21,6 +29,21 @@ class LocalProtocolError(ProtocolError):
 
 class RemoteProtocolError(ProtocolError):
     """The peer broke the protocol."""
+
+
+class StorageFull(Exception):
+    """The disk under durable storage has no room for a write now; nothing was written.
+
+    Not a fault of the caller nor of its peer: the write is to be tried again, whole,
+    once ``await error.room()`` returns (the storage believes there is room again).
+    Whoever meets it holds its work meanwhile (a publisher is not acked, a connection
+    stops being read), so a full disk is backpressure, never loss and never a
+    disconnect.
+    """
+
+    def __init__(self, message: str, room: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(message)
+        self.room = room
 
 
 def first_leaf(error: BaseException) -> BaseException:

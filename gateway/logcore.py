@@ -73,6 +73,7 @@ from .destination import (
     new_delivery,
     refusal,
 )
+from .errors import StorageFull
 from .model import Message, Outcome, Position
 from .receipts import Receipt
 
@@ -247,6 +248,10 @@ class LogDestination(Destination):
         self._groups: dict[str, _Group] = {}
         #: Publishers waiting for room.
         self._space = trio.lowlevel.ParkingLot()
+        #: Publishes waiting now for groups to commit (the log is full), and for the
+        #: storage under the log to have room (its disk is full).
+        self.blocked = 0
+        self.held_by_storage = 0
         self._closed = False
         #: Deliveries handed out and acked: plain counts for the metrics.
         self.delivered = 0
@@ -323,6 +328,11 @@ class LogDestination(Destination):
     def retained_bytes(self) -> int:
         return self._cum(self.tail) - self._cum(self.first)
 
+    @property
+    def full(self) -> bool:
+        """A publisher waits for room now, or nothing more fits without evicting."""
+        return self.blocked > 0 or self.retained_bytes >= self.retain_bytes
+
     # -- publishing -----------------------------------------------------------------
     def check(self, message: Message) -> str | None:
         return refusal(self.name, message, self.retain_bytes, self.element_size)
@@ -368,10 +378,23 @@ class LogDestination(Destination):
             if j == i:
                 # Only with overflow="block": wait until groups commit past old entries.
                 if not self._skip_unmatched():
-                    await self._space.park()
+                    self.blocked += 1
+                    try:
+                        await self._space.park()
+                    finally:
+                        self.blocked -= 1
                 continue
             self._make_room(need)
-            self._append(messages[i:j], sizes[i:j], receipt, base + i)
+            try:
+                self._append(messages[i:j], sizes[i:j], receipt, base + i)
+            except StorageFull as full:
+                # Nothing was kept: hold the publisher until the disk has room, then retry.
+                self.held_by_storage += 1
+                try:
+                    await full.room()
+                finally:
+                    self.held_by_storage -= 1
+                continue
             i = j
 
     def _room(self) -> int:
@@ -613,6 +636,9 @@ class LogDestination(Destination):
             "next": self.tail,
             "bytes": self.retained_bytes,
             "messages": self.tail - self.first,
+            "full": self.full,
+            "blocked": self.blocked,
+            "held_by_storage": self.held_by_storage,
             "groups": groups,
         }
 

@@ -35,6 +35,7 @@ class Chunk:
         "_events",
         "_formats",
         "_offsets",
+        "created",
         "data_path",
         "dirty",
         "fd",
@@ -65,6 +66,10 @@ class Chunk:
         self.dirty = False
         #: Reasons the file descriptors must stay open (the active chunk, an fsync in flight).
         self.pins = 0
+        #: Its files exist. A new chunk's are made by its first append (so a segment, or
+        #: the next chunk, costs no disk space before it holds data: on a full disk,
+        #: declaring a destination or rolling a chunk cannot fail).
+        self.created = True
         self._offsets: array[int] | None = array("q")
         self._events: array[int] | None = array("q")
         self._formats: bytearray | None = bytearray()
@@ -141,11 +146,22 @@ class Chunk:
     # -- files ------------------------------------------------------------------
 
     def create(self) -> None:
-        """Create both files of a new chunk (its index holding just the header)."""
+        """Create both files of a new chunk (its index holding just the header). On an
+        OSError (a full disk) whatever it made is removed again and the error propagates."""
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL
-        self.fd = os.open(self.data_path, flags, 0o644)
-        self.index_fd = os.open(self.index_path, flags, 0o644)
-        _write_at(self.index_fd, IndexHeader(self.start, self.first_event).pack(), 0)
+        made: list[Path] = []
+        try:
+            self.fd = os.open(self.data_path, flags, 0o644)
+            made.append(self.data_path)
+            self.index_fd = os.open(self.index_path, flags, 0o644)
+            made.append(self.index_path)
+            _write_at(self.index_fd, IndexHeader(self.start, self.first_event).pack(), 0)
+        except OSError:
+            self.close()
+            for path in made:
+                path.unlink(missing_ok=True)
+            raise
+        self.created = True
 
     def open(self, *, index: bool = False) -> int:
         """The data file descriptor (and the index one if ``index``), opened if needed."""

@@ -28,6 +28,7 @@ import trio
 from .chunk import Chunk
 from .layout import ZERO_UUID, chunk_paths, crc32, pack_entry
 from .records import EVENT_HEADER, RecordFormat, count_events, event_offsets
+from .space import is_full
 
 if TYPE_CHECKING:
     from .store import Store
@@ -129,7 +130,9 @@ class Segment:
         (else ValueError and nothing is written). Written to the OS at once, durable
         later; observers are called before it returns. ``writer`` and
         ``last_event_number`` (both or neither) update that writer's ledger entry, which
-        becomes durable with the record. trio.ClosedResourceError once the store closed.
+        becomes durable with the record. trio.ClosedResourceError once the store closed;
+        StorageFull (nothing written) while the disk is full: retry after ``await
+        error.room()``.
 
         ``verified=True`` says the caller has already walked the framing and counted
         ``count`` events (the segment-append codec does, and so does a writer that framed
@@ -147,8 +150,10 @@ class Segment:
         if (writer is None) != (last_event_number is None):
             raise ValueError("writer and last_event_number go together")
         store = self._store
-        chunk = self._chunks[-1]
         size = len(data)
+        if store.space.full:
+            raise store.space.refuse(f"segment {self.name!r}", size)
+        chunk = self._chunks[-1]
         if chunk.size and chunk.size + size > store.chunk_bytes:
             chunk = self._roll()
         offset = self.end
@@ -159,7 +164,14 @@ class Segment:
         entry = pack_entry(
             offset, first, size, count, format, 0, writer_bytes, last_event_number or 0, now, crc
         )
-        chunk.append(data, entry, first, count, format, crc, now)
+        try:
+            if not chunk.created:
+                store.create_files(self, chunk)
+            chunk.append(data, entry, first, count, format, crc, now)
+        except OSError as e:
+            if is_full(e):
+                raise store.space.exhausted(e, f"segment {self.name!r}", size) from e
+            raise
         store.files.touch(chunk)
         end = offset + size
         self.end = end
@@ -180,12 +192,11 @@ class Segment:
 
     def _roll(self) -> Chunk:
         """Start a new chunk at the end (the old one stays dirty until the committer
-        has synced it)."""
+        has synced it); its files come with its first append."""
         data_path, index_path = chunk_paths(self.directory, self.end)
         chunk = Chunk(data_path, index_path, self.end, self.next_event)
-        chunk.create()
+        chunk.created = False
         self._chunks.append(chunk)
-        self._store.created_files(self, chunk)
         return chunk
 
     # -- durability --------------------------------------------------------------

@@ -22,6 +22,7 @@ import os
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -43,6 +44,7 @@ from .layout import (
 )
 from .recovery import RecoveredSegment, RecoveryReport, Verify, recover_segment
 from .segment import Segment
+from .space import DiskSpace, is_full
 
 __all__ = ["FsyncPolicy", "Store", "StoreLocked"]
 
@@ -64,6 +66,11 @@ SWEEP_SECONDS = 2.0
 SYNC_THREADS = 16
 #: Bytes of recently read records kept for readers that take a few events at a time.
 RECORD_CACHE_BYTES = 32 * 2**20
+#: Bytes set aside in the file RESERVE_FILE while the store is open, given up at close
+#: when the disk is full, so that the consumers' positions kept in memory meanwhile can
+#: still be saved.
+RESERVE_BYTES = 2**20
+RESERVE_FILE = "reserve"
 
 
 class Store:
@@ -78,6 +85,7 @@ class Store:
         chunk_bytes: int = 64 * 2**20,
         retain_bytes: int | None = None,
         retain_age: float | None = None,
+        reserve_bytes: int = RESERVE_BYTES,
     ) -> None:
         if fsync not in ("always", "interval", "never"):
             raise ValueError(f"fsync must be always, interval or never, not {fsync!r}")
@@ -107,6 +115,12 @@ class Store:
         self._doomed: deque[tuple[Path, list[Chunk]]] = deque()
         self._doomed_lot = trio.lowlevel.ParkingLot()
         self._kick = trio.Event()
+        #: Group commits begun and finished (for :meth:`sync`).
+        self._begun = self._finished = 0
+        self._committed = trio.lowlevel.ParkingLot()
+        #: Full or writable: a full disk holds appends and documents until there is room.
+        self.space = DiskSpace(self.directory, on_room=self._wake)
+        self.reserve_bytes = reserve_bytes
         self._closed = False
         self._failed = False
         self._lock_fd: int | None = None
@@ -134,6 +148,7 @@ class Store:
         chunk_bytes: int = 64 * 2**20,
         retain_bytes: int | None = None,
         retain_age: float | None = None,
+        reserve_bytes: int = RESERVE_BYTES,
     ) -> AsyncIterator[Store]:
         """Recover every segment under ``directory`` (created if missing), run the
         committer (group commit) and the retention sweeper while the block runs; on exit:
@@ -146,6 +161,7 @@ class Store:
             chunk_bytes=chunk_bytes,
             retain_bytes=retain_bytes,
             retain_age=retain_age,
+            reserve_bytes=reserve_bytes,
         )
         try:
             recovered = await trio.to_thread.run_sync(store._recover)
@@ -162,6 +178,7 @@ class Store:
                 nursery.start_soon(store._committer)
                 nursery.start_soon(store._sweeper)
                 nursery.start_soon(store._unlinker)
+                nursery.start_soon(store.space.watch)
                 try:
                     yield store
                 except BaseException as e:
@@ -214,7 +231,34 @@ class Store:
                 )
         for leftover in (self.directory / STATES_DIR).glob("*.tmp"):
             leftover.unlink()
+        self._make_reserve()
         return recovered
+
+    def _make_reserve(self) -> None:
+        """Set RESERVE_BYTES aside on the disk (blocking). On a full disk the store
+        opens without it."""
+        if not self.reserve_bytes:
+            return
+        path = self.directory / RESERVE_FILE
+        try:
+            if path.stat().st_size >= self.reserve_bytes:
+                return
+        except FileNotFoundError:
+            pass
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, self.reserve_bytes)
+        except OSError as e:
+            if not is_full(e):
+                raise
+            path.unlink()
+            log.warning(
+                "store: no room for the reserve of %d bytes under %s",
+                self.reserve_bytes,
+                self.directory,
+            )
+        finally:
+            os.close(fd)
 
     def _lock(self) -> None:
         """Hold the store's lock file until close: a second process opening the same
@@ -270,6 +314,8 @@ class Store:
         try:
             if not self._failed:
                 await self._commit(sync_data=True, everything=True)
+                if self.space.full:
+                    await self._close_full()
                 await self._unlink_doomed()
                 await trio.to_thread.run_sync(self._mark_clean)
         finally:
@@ -279,8 +325,31 @@ class Store:
             self.files.close_all()
             self._unlock()
 
+    async def _close_full(self) -> None:
+        """Closing on a full disk: give up the reserve, so that the documents kept in
+        memory (consumers' positions) fit, and try them once more."""
+        (self.directory / RESERVE_FILE).unlink(missing_ok=True)
+        self.space.resume()
+        await self._commit(sync_data=True, everything=True)
+        unsaved = len(self._pending_states) + sum(s.meta_dirty for s in self._segments.values())
+        if unsaved:
+            log.error(
+                "store: closed on a full disk with %d state documents unsaved: consumers"
+                " resume from their last saved positions (what they acked since is"
+                " delivered again)",
+                unsaved,
+            )
+
     def _mark_clean(self) -> None:
-        (self.directory / CLEAN_MARKER).touch()
+        """Blocking. On a full disk the store stays marked unclean: the next open
+        verifies its tails, which costs time, never data."""
+        try:
+            (self.directory / CLEAN_MARKER).touch()
+        except OSError as e:
+            if not is_full(e):
+                raise
+            log.warning("store: no room to mark the store clean; the next start verifies it")
+            return
         fsync_directory(self.directory)
 
     # -- segments ----------------------------------------------------------------------
@@ -299,16 +368,38 @@ class Store:
         if self._closed:
             raise trio.ClosedResourceError("the store is closed")
         directory = self.directory / SEGMENTS_DIR / encode_name(name)
-        directory.mkdir()
         data_path, index_path = chunk_paths(directory, 0)
         chunk = Chunk(data_path, index_path, 0, 0)
-        chunk.create()
+        chunk.created = False
         segment = Segment(self, name, directory, [chunk], 0, {})
+        try:
+            self.create_files(segment, chunk)
+        except OSError as e:
+            if not is_full(e):
+                raise
+            # On a full disk the segment exists in memory; its first append makes its
+            # files (and waits for room like any other).
         self._segments[name] = segment
-        self._dirty_dirs.update((directory, directory.parent))
-        self.created_files(segment, chunk)
         self._wake()
         return segment
+
+    def create_files(self, segment: Segment, chunk: Chunk) -> None:
+        """Make the files of ``segment``'s new ``chunk`` (and the segment's directory,
+        for its first): its first append is coming. OSError (a full disk) leaves
+        nothing behind."""
+        directory = segment.directory
+        made_directory = False
+        try:
+            if not directory.is_dir():
+                directory.mkdir()
+                made_directory = True
+                self._dirty_dirs.add(directory.parent)
+            chunk.create()
+        except OSError:
+            if made_directory:
+                directory.rmdir()
+            raise
+        self.created_files(segment, chunk)
 
     def names(self) -> list[str]:
         """Every segment, sorted."""
@@ -372,9 +463,26 @@ class Store:
             with trio.CancelScope(shield=True):
                 await self._commit(sync_data=self.fsync != "never")
 
+    async def sync(self) -> None:
+        """Return after a group commit that started after this call: what was appended
+        and saved before it is durable then, or (a full disk) kept for later."""
+        target = self._begun + 1
+        self._wake()
+        while self._finished < target:
+            await self._committed.park()
+
     async def _commit(self, *, sync_data: bool, everything: bool = False) -> None:
         """One group commit: sync what was written (if ``sync_data``), write pending
         states and meta documents, then advance durability, then delete chunks."""
+        self._begun += 1
+        begun = self._begun
+        try:
+            await self._commit_now(sync_data=sync_data, everything=everything)
+        finally:
+            self._finished = max(self._finished, begun)
+            self._committed.unpark_all()
+
+    async def _commit_now(self, *, sync_data: bool, everything: bool) -> None:
         self._kick = trio.Event()
         attention = self._attention
         self._attention = set()
@@ -390,18 +498,20 @@ class Store:
         for chunk in chunks:
             chunk.dirty = False
             chunk.pins += 1
-        states, self._pending_states = self._pending_states, {}
-        metas: list[tuple[Path, bytes]] = []
-        for segment in attention:
-            if segment.meta_dirty:
-                segment.meta_dirty = False
-                metas.append(
-                    (segment.directory / META_FILE, pack_document(segment.meta_document()))
-                )
+        states: dict[str, bytes] = {}
+        metas: list[tuple[Segment, bytes]] = []
+        # While the disk is full, documents wait in memory (retried once there is room).
+        if not self.space.full:
+            states, self._pending_states = self._pending_states, {}
+            for segment in attention:
+                if segment.meta_dirty:
+                    segment.meta_dirty = False
+                    metas.append((segment, pack_document(segment.meta_document())))
         if chunks or dirs or states or metas:
             began = time.perf_counter()
+            unwritten: list[tuple[_Document, OSError]] = []
             try:
-                fsyncs = await self._sync(chunks, dirs, states, metas)
+                fsyncs = await self._sync(chunks, dirs, states, metas, unwritten)
             except BaseException:
                 # A failed fsync may have lost written data (the kernel drops the pages):
                 # nothing may call this store clean again.
@@ -413,13 +523,18 @@ class Store:
             self._stats["commits"] += 1
             self._stats["fsyncs"] += fsyncs
             self._stats["fsync_us"] += int((time.perf_counter() - began) * 1e6)
-            self._stats["state_writes"] += len(states)
+            self._stats["state_writes"] += len(states) - len(unwritten)
+            if unwritten:
+                self._keep_unwritten(unwritten)
         for segment, end in targets.items():
             segment.advance_durable(end)
         for segment in attention:
             if segment not in targets:
                 segment.advance_durable(segment.durable_end)
-        if not everything:
+        for segment in attention:
+            if segment.meta_dirty:
+                self._attention.add(segment)  # its meta document waits for room
+        if not everything and not self.space.full:
             for segment in attention | targets.keys():
                 if segment.deletable_chunks():
                     await self._delete_chunks(segment)
@@ -429,11 +544,14 @@ class Store:
         chunks: list[Chunk],
         dirs: set[Path],
         states: dict[str, bytes],
-        metas: list[tuple[Path, bytes]],
+        metas: list[tuple[Segment, bytes]],
+        unwritten: list[tuple[_Document, OSError]],
     ) -> int:
         """fsync data, indexes and directories and write documents, in up to
         SYNC_THREADS worker threads at once (concurrent fsyncs share the file system's
         journal commits and the device's cache flushes). Returns the number of fsyncs.
+        A document the full disk has no room for goes to ``unwritten`` instead (it is
+        written again later); any other failure raises.
 
         A chunk's data and index are synced one after the other in one thread: on
         ext4 two concurrent fdatasyncs of a pair cost more than two in a row (one
@@ -446,12 +564,20 @@ class Store:
             for chunk in chunks
         ]
         jobs.extend(functools.partial(_fsync_directory, d) for d in dirs)
-        states_dir = self.directory / STATES_DIR
         jobs.extend(
-            functools.partial(_write_document, states_dir / (encode_name(owner) + ".state"), data)
+            functools.partial(
+                _write_if_room, _Document(self.state_path(owner), data, owner=owner), unwritten
+            )
             for owner, data in states.items()
         )
-        jobs.extend(functools.partial(_write_document, path, data) for path, data in metas)
+        jobs.extend(
+            functools.partial(
+                _write_if_room,
+                _Document(segment.directory / META_FILE, data, segment=segment),
+                unwritten,
+            )
+            for segment, data in metas
+        )
         lanes = [jobs[i::SYNC_THREADS] for i in range(min(SYNC_THREADS, len(jobs)))]
         counts: list[int] = []
 
@@ -462,6 +588,18 @@ class Store:
             for lane_jobs in lanes:
                 nursery.start_soon(lane, lane_jobs)
         return sum(counts)
+
+    def _keep_unwritten(self, unwritten: list[tuple[_Document, OSError]]) -> None:
+        """Documents the full disk had no room for wait for the next commit with room
+        (a state saved again meanwhile replaces its older version)."""
+        for document, _ in unwritten:
+            if document.owner is not None:
+                self._pending_states.setdefault(document.owner, document.data)
+            elif document.segment is not None:
+                document.segment.meta_dirty = True
+                self._attention.add(document.segment)
+        document, error = max(unwritten, key=lambda pair: len(pair[0].data))
+        self.space.exhausted(error, document.describe(), len(document.data))
 
     async def _delete_chunks(self, segment: Segment) -> None:
         """Let go of the chunks retention or ``truncate_before`` released: save the
@@ -475,13 +613,19 @@ class Store:
         head = segment.chunks[len(chunks)]
         document = segment.meta_document()
         document["first_event"] = max(segment.first_event, head.first_event)
+        meta = pack_document(document)
+        try:
+            await trio.to_thread.run_sync(write_document, segment.directory / META_FILE, meta)
+        except OSError as e:
+            if not is_full(e):
+                raise
+            # The files stay until the meta document fits (retried at the next commit).
+            self.space.exhausted(e, f"the meta document of segment {segment.name!r}", len(meta))
+            return
         moved = segment.retire(chunks)
         for chunk in chunks:
             self.files.forget(chunk)
             chunk.close()
-        await trio.to_thread.run_sync(
-            write_document, segment.directory / META_FILE, pack_document(document)
-        )
         dirty = self._dirty.get(segment)
         if dirty is not None:
             dirty.difference_update(chunks)
@@ -541,11 +685,15 @@ class Store:
 
     # -- states ----------------------------------------------------------------------------
 
+    def state_path(self, owner: str) -> Path:
+        """Where the owner's state document is kept."""
+        return self.directory / STATES_DIR / (encode_name(owner) + ".state")
+
     def load_state(self, owner: str) -> dict[str, Any]:
         """The owner's document ({} if none): the latest saved, even if not written yet."""
         data = self._states.get(owner)
         if data is None:
-            path = self.directory / STATES_DIR / (encode_name(owner) + ".state")
+            path = self.state_path(owner)
             try:
                 data = path.read_bytes()
             except FileNotFoundError:
@@ -566,7 +714,8 @@ class Store:
 
     def stats(self) -> dict[str, int]:
         """Store-wide counters: segments, bytes, events, appends, commits, fsyncs,
-        fsync_us, state_writes, chunks_deleted, bytes_deleted, corrupt_records, and the
+        fsync_us, state_writes, chunks_deleted, bytes_deleted, corrupt_records, the
+        disk's state (disk_full 0 or 1, disk_full_episodes, disk_free_bytes), and the
         recovery totals (recovery_truncated_bytes, recovery_corrupt_records)."""
         totals: dict[str, int] = {
             "segments": len(self._segments),
@@ -581,6 +730,9 @@ class Store:
             for key in ("bytes", "events", "appends", "appended_bytes", "corrupt_records"):
                 totals[key] += figures[key]
         totals.update(self._stats)
+        totals["disk_full"] = int(self.space.full)
+        totals["disk_full_episodes"] = self.space.episodes
+        totals["disk_free_bytes"] = self.space.free_bytes() or 0
         totals["recovery_truncated_bytes"] = sum(r.truncated_bytes for r in self.recovery)
         totals["recovery_corrupt_records"] = sum(r.corrupt_records for r in self.recovery)
         return totals
@@ -624,6 +776,28 @@ def _fsync_directory(path: Path) -> int:
     return 1
 
 
-def _write_document(path: Path, data: bytes) -> int:
-    write_document(path, data)
+@dataclass(frozen=True, slots=True)
+class _Document:
+    """A state (``owner``) or meta (``segment``) document the committer writes."""
+
+    path: Path
+    data: bytes
+    owner: str | None = None
+    segment: Segment | None = None
+
+    def describe(self) -> str:
+        if self.segment is not None:
+            return f"the meta document of segment {self.segment.name!r}"
+        return f"the state document of {self.owner!r}"
+
+
+def _write_if_room(document: _Document, unwritten: list[tuple[_Document, OSError]]) -> int:
+    """Write ``document`` (2 fsyncs); on a full disk, note it in ``unwritten`` instead."""
+    try:
+        write_document(document.path, document.data)
+    except OSError as e:
+        if not is_full(e):
+            raise
+        unwritten.append((document, e))  # list.append is atomic: lanes share the list
+        return 0
     return 2

@@ -11,7 +11,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+import trio
+import trio.testing
 
+from gateway.errors import StorageFull
 from gateway.store import RecordFormat, Store, frame_events
 from gateway.store.layout import INDEX_ENTRY, INDEX_HEADER, UnknownFormat
 
@@ -321,7 +324,7 @@ async def test_a_newer_format_is_refused_untouched(tmp_path: Path) -> None:
 
 
 async def test_a_failed_write_leaves_nothing_behind(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
 ) -> None:
     real = os.pwrite
     calls = 0
@@ -338,9 +341,10 @@ async def test_a_failed_write_leaves_nothing_behind(
         assert segment is not None
         segment.append(record(0), 3)
         monkeypatch.setattr(os, "pwrite", full_disk)
-        with pytest.raises(OSError, match="No space"):
+        with pytest.raises(StorageFull, match="the disk is full") as full:
             segment.append(record(3, 5), 5)
         assert (segment.end, segment.next_event) == (REC, 3)
+        await full.value.room()  # the watcher finds the free space (statvfs)
         segment.append(record(3), 3)
         assert payloads(segment.read_events(0, 10, 1000)) == [payload(i) for i in range(6)]
         assert chunk_files(tmp_path, ".data")[0].stat().st_size == 2 * REC
