@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -58,16 +59,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.path is None:
         log.info("no config file given: running the embedded default configuration")
     _warn_about(config)
+    from .runtime import Gateway
+
+    gateway = Gateway(config)
     try:
-        gateway = trio.run(_run, config)
+        trio.run(_run, gateway)
     except BaseExceptionGroup as eg:
         start_errors, rest = eg.split((OSError, PluginError))
         if start_errors is None or rest is not None:
             raise
-        log.error("cannot start: %s", first_leaf(start_errors))
+        _log_failure(gateway, first_leaf(start_errors))
         return 1
     except (OSError, PluginError) as e:
-        log.error("cannot start: %s", e)
+        _log_failure(gateway, e)
         return 1
     if gateway.drained_cleanly is False:
         log.error(
@@ -136,15 +140,20 @@ def _warn_about(config: Config) -> None:
         )
 
 
-async def _run(config: Config) -> Gateway:
-    from .runtime import Gateway
+def _log_failure(gateway: Gateway, error: BaseException) -> None:
+    """``cannot start`` for what failed before the gateway served, ``stopped`` after."""
+    if gateway.serving_since is None:
+        log.error("cannot start: %s", error)
+    else:
+        running = time.time() - gateway.serving_since
+        log.error("stopped by an error after %.0fs of serving: %s", running, error)
 
-    gateway = Gateway(config)
+
+async def _run(gateway: Gateway) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, gateway, nursery.cancel_scope)
         await gateway.run()
         nursery.cancel_scope.cancel()
-    return gateway
 
 
 async def _watch_signals(gateway: Gateway, scope: trio.CancelScope) -> None:

@@ -14,6 +14,13 @@ protection's name), never from client input; even so the state is capped at
 ``max_reasons`` entries, the least recently logged going first.
 
 A :class:`Throttled` belongs to one thread (the trio thread): it takes no lock.
+
+Lines a peer provokes without a reason key are guarded all the same: the
+:class:`LineGuard` that :func:`gateway.logsetup.setup_logging` puts on the
+gateway's handler cuts every quoted value and every message to a bounded
+length, and lets at most ``burst`` lines about peers (records that carry a
+``peer`` field: everything logged while serving a connection) through per
+logger and message template per interval, counting the rest the same way.
 """
 
 from __future__ import annotations
@@ -24,12 +31,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeGuard
 
 import prometheus_client
 import trio
 
-__all__ = ["ExcInfo", "Throttled"]
+__all__ = ["ExcInfo", "LineGuard", "Throttled", "line_guard", "quote"]
 
 #: What :meth:`logging.Logger.log` takes as ``exc_info``.
 ExcInfo: TypeAlias = (
@@ -160,12 +167,16 @@ class Throttled:
         self.logger.log(level, msg, *args, exc_info=exc_info, stacklevel=3)
 
     def _now(self) -> float:
-        if self._clock is not None:
-            return self._clock()
-        try:
-            return trio.current_time()
-        except RuntimeError:  # not in a trio run
-            return time.monotonic()
+        return self._clock() if self._clock is not None else _now()
+
+
+def _now() -> float:
+    """trio's clock inside a trio run (a test's mock clock drives the intervals), else
+    the monotonic clock."""
+    try:
+        return trio.current_time()
+    except RuntimeError:  # not in a trio run
+        return time.monotonic()
 
 
 def _seconds(seconds: float) -> str:
@@ -183,3 +194,115 @@ def _format(msg: str, args: tuple[object, ...]) -> str:
         return msg % values
     except (TypeError, ValueError):
         return f"{msg} {args!r}"
+
+
+#: A value quoted in a log line is cut to this many characters.
+MAX_QUOTE = 200
+#: A log line's message (the traceback apart) is cut to this many characters.
+MAX_MESSAGE = 2000
+#: A traceback is cut to this many characters (its exception's text may quote a peer).
+MAX_EXCEPTION = 8000
+
+
+def quote(value: object, limit: int = MAX_QUOTE) -> str:
+    """``repr(value)``, cut to ``limit`` characters with the length said: for peer input
+    (names, paths, headers) in log lines and error texts."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters cut)"
+
+
+class LineGuard(logging.Filter):
+    """Bounds every line's length, and the rate of lines about peers.
+
+    Length: a str, bytes or bytearray argument longer than MAX_QUOTE is cut, then a
+    message longer than MAX_MESSAGE, then a traceback longer than MAX_EXCEPTION.
+    Rate: a record with a ``peer`` field goes through if fewer than ``burst`` lines of
+    its logger and template went through in the current ``interval``; the others are
+    counted (in ``suppressed``, with the reason ``peer:LOGGER``, when set) and the
+    next line that goes through says how many. Keys are code, never input: a logger
+    name and a template; at most ``max_keys`` are remembered.
+    """
+
+    def __init__(
+        self,
+        interval: float = 10.0,
+        burst: int = 5,
+        *,
+        clock: Callable[[], float] | None = None,
+        max_keys: int = 1024,
+    ) -> None:
+        super().__init__()
+        self.interval = interval
+        self.burst = burst
+        self.max_keys = max_keys
+        #: ``Metrics().log_lines_suppressed`` once a gateway runs (it sets it).
+        self.suppressed: prometheus_client.Counter | None = None
+        self._clock = clock
+        #: key -> [interval start, lines let through in it, lines suppressed since].
+        self._windows: OrderedDict[tuple[str, str, int], list[float]] = OrderedDict()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "peer", None) is not None and not self._admit(record):
+            return False
+        self._shorten(record)
+        return True
+
+    def _admit(self, record: logging.LogRecord) -> bool:
+        now = self._clock() if self._clock is not None else _now()
+        key = (record.name, str(record.msg), record.levelno)
+        window = self._windows.get(key)
+        if window is None or not 0 <= now - window[0] < self.interval:
+            missed = int(window[2]) if window is not None else 0
+            window = self._windows[key] = [now, 0, 0]
+            self._windows.move_to_end(key)
+            while len(self._windows) > self.max_keys:
+                self._windows.popitem(last=False)
+            if missed:
+                record.msg = (
+                    f"{record.getMessage()} (and {missed} more like it suppressed in the last"
+                    f" {_seconds(self.interval)})"
+                )
+                record.args = ()
+        if window[1] >= self.burst:
+            window[2] += 1
+            if self.suppressed is not None:
+                self.suppressed.labels(reason=f"peer:{record.name}").inc()
+            return False
+        window[1] += 1
+        return True
+
+    @staticmethod
+    def _shorten(record: logging.LogRecord) -> None:
+        args = record.args
+        if isinstance(args, tuple) and any(_long(a) for a in args):
+            record.args = tuple(_cut_value(a) if _long(a) else a for a in args)
+        message = record.getMessage()
+        if len(message) > MAX_MESSAGE:
+            record.msg, record.args = _cut(message, MAX_MESSAGE), ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text and len(record.exc_text) > MAX_EXCEPTION:
+            record.exc_text = _cut(record.exc_text, MAX_EXCEPTION)
+
+
+def _cut_value(value: str | bytes | bytearray) -> str | bytes:
+    """A long quoted value cut to MAX_QUOTE, of its own type (``%r`` still quotes it)."""
+    if isinstance(value, str):
+        return f"{value[:MAX_QUOTE]}… ({len(value)} characters)"
+    return bytes(value[:MAX_QUOTE]) + b"... (%d bytes)" % len(value)
+
+
+def _long(value: object) -> TypeGuard[str | bytes | bytearray]:
+    return isinstance(value, str | bytes | bytearray) and len(value) > MAX_QUOTE
+
+
+#: The guard :func:`gateway.logsetup.setup_logging` installs on the gateway's handler.
+line_guard = LineGuard()

@@ -10,7 +10,8 @@ connection, ``upstream`` for an upstream), and ``exception`` with the
 traceback when there is one.
 
 Levels and formats are case-insensitive: ``INFO``, ``Debug`` and ``info`` are
-the same level. Only the standard library is used.
+the same level. Every line's length, and the rate of lines about peers, are
+bounded (:class:`gateway.logs.LineGuard`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import logging
 import sys
 from collections.abc import Mapping
 from typing import IO, Any
+
+from .logs import line_guard
 
 __all__ = [
     "LOG_FORMATS",
@@ -118,10 +121,10 @@ class JsonFormatter(logging.Formatter):
         for key, value in record.__dict__.items():
             if key not in _STANDARD and not key.startswith("_") and key not in out:
                 out[key] = _plain(value)
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
-        elif record.exc_text:
+        if record.exc_text:
             out["exception"] = record.exc_text
+        elif record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             out["stack"] = self.formatStack(record.stack_info)
         return json.dumps(out, ensure_ascii=False, default=str)
@@ -189,6 +192,8 @@ def setup_logging(
     else:
         handler.setFormatter(logging.Formatter(TEXT_FORMAT))
     handler.addFilter(ContextFilter())
+    # After the context: it guards the lines about peers (those with a peer field).
+    handler.addFilter(line_guard)
     handler.set_name(_HANDLER)
     for old in list(root.handlers):
         if old.get_name() == _HANDLER:

@@ -39,7 +39,7 @@ from .config import Config
 from .errors import ProtocolError, first_leaf
 from .facade import HubFacade
 from .hub import Hub
-from .logs import Throttled
+from .logs import Throttled, line_guard
 from .logsetup import log_context
 from .metrics import Metrics, Tally
 from .metrics_http import serve_metrics
@@ -213,6 +213,7 @@ class Gateway:
         #: True once every in-flight publish settled within the drain deadline.
         self.drained_cleanly: bool | None = None
         self.metrics = Metrics()
+        line_guard.suppressed = self.metrics.log_lines_suppressed
         self.metrics.memory_budget.set(self.budget.limit)
         budget = self.budget
         self.metrics.memory_used.set_function(lambda: budget.used)
@@ -227,6 +228,8 @@ class Gateway:
         self.upstream_contexts: dict[str, UpstreamContext] = {}
         #: When :meth:`run` started (wall clock), for the uptime.
         self.started_at: float | None = None
+        #: When every listener was bound and the gateway served (wall clock).
+        self.serving_since: float | None = None
         #: The embedded segment store while running, if the config needs one.
         self.store: Store | None = None
 
@@ -321,6 +324,7 @@ class Gateway:
                 )
                 or "no listeners",
             )
+            self.serving_since = time.time()
             task_status.started(self)
             await self._shutdown_requested.wait()
             await self._drain()

@@ -272,3 +272,67 @@ def test_zero_interval_logs_everything(clock: FakeClock, caplog: pytest.LogCaptu
 def test_bad_arguments_are_refused(interval: float, max_reasons: int) -> None:
     with pytest.raises(ValueError):
         Throttled(logging.getLogger(LOGGER), interval, max_reasons=max_reasons)
+
+
+# -- the line guard: every line bounded, lines about peers rate-limited ------------------
+
+
+def guarded(clock: FakeClock, metrics: Metrics | None = None) -> tuple[logging.Logger, list[str]]:
+    """A logger whose one handler has a fresh LineGuard; returns it and its output."""
+    guard = gateway.logs.LineGuard(clock=clock)
+    if metrics is not None:
+        guard.suppressed = metrics.log_lines_suppressed
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(self.format(record))
+
+    handler = Collect()
+    handler.addFilter(guard)
+    logger = logging.getLogger("test.guard")
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    return logger, lines
+
+
+def test_a_long_quoted_value_is_cut_with_its_length(clock: FakeClock) -> None:
+    logger, lines = guarded(clock)
+    name = "s" * 65535
+    logger.warning("cannot create segment %r: %s", name, "too long", extra={"peer": "1.2.3.4:5"})
+    assert len(lines) == 1
+    assert len(lines[0]) < 400
+    assert "(65535 characters)'" in lines[0]
+    assert lines[0].endswith(": too long")
+
+
+def test_a_long_message_and_a_long_traceback_are_cut(clock: FakeClock) -> None:
+    logger, lines = guarded(clock)
+    logger.warning("x" * 10_000)
+    try:
+        raise ValueError("y" * 100_000)
+    except ValueError:
+        logger.exception("failed")
+    assert len(lines[0]) < gateway.logs.MAX_MESSAGE + 100
+    assert "more characters cut" in lines[0]
+    assert len(lines[1]) < gateway.logs.MAX_EXCEPTION + 200
+
+
+def test_lines_about_peers_are_rate_limited_per_template(clock: FakeClock) -> None:
+    metrics = Metrics()
+    logger, lines = guarded(clock, metrics)
+    for i in range(50):
+        logger.warning("bad name from %s", i, extra={"peer": f"10.0.0.{i}:1"})
+        logger.warning("other line %s", i, extra={"peer": f"10.0.0.{i}:1"})
+        logger.warning("no peer %s", i)
+    assert sum("bad name" in line for line in lines) == 5
+    assert sum("other line" in line for line in lines) == 5
+    assert sum("no peer" in line for line in lines) == 50  # not about a peer: all of them
+    clock.now += 10
+    logger.warning("bad name from %s", 99, extra={"peer": "10.0.0.99:1"})
+    assert lines[-1] == "bad name from 99 (and 45 more like it suppressed in the last 10s)"
+    value = metrics.registry.get_sample_value(
+        "interchange_log_lines_suppressed_total", {"reason": "peer:test.guard"}
+    )
+    assert value == 90
