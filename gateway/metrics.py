@@ -398,6 +398,28 @@ class StoreCollector:
             1,
         ),
         (
+            "disk_full",
+            "interchange_store_disk_full",
+            "gauge",
+            "1 while the disk under the store is full: publishers to durable destinations are"
+            " held until space is freed.",
+            1,
+        ),
+        (
+            "disk_full_episodes",
+            "interchange_store_disk_full_episodes",
+            "counter",
+            "Times the disk under the store became full since it opened.",
+            1,
+        ),
+        (
+            "disk_free_bytes",
+            "interchange_store_disk_free_bytes",
+            "gauge",
+            "Bytes free for the gateway on the file system of the store.",
+            1,
+        ),
+        (
             "recovery_truncated_bytes",
             "interchange_store_recovery_truncated_bytes",
             "gauge",

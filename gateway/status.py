@@ -20,6 +20,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
+import trio
+
 from . import __version__
 from .destination import Destination
 from .logcore import LogDestination
@@ -187,7 +189,33 @@ def readiness(gateway: Gateway) -> list[str]:
         if state != "connected":
             error = ctx.last_error if ctx is not None else None
             reasons.append(f"upstream {up.name} is {state}" + (f": {error}" if error else ""))
+    store = _store(gateway)
+    if store is not None and store["full"]:
+        reasons.append(
+            f"the store's disk is full ({store['path']}): a write of {store['needed']} bytes"
+            f" failed with {store['error']}; {store['free']} bytes free"
+        )
     return reasons
+
+
+def _store(gateway: Gateway) -> dict[str, Any] | None:
+    """The embedded store's disk: full or not, and what a full one needs."""
+    store = gateway.store
+    if store is None:
+        return None
+    space = store.space
+    shortage = space.shortage
+    out: dict[str, Any] = {"full": shortage is not None, "free": space.free_bytes()}
+    if shortage is not None:
+        out.update(
+            path=shortage.path,
+            needed=shortage.needed,
+            error=shortage.error,
+            what=shortage.what,
+            held=shortage.refused,
+            full_for_s=round(trio.current_time() - shortage.since, 3),
+        )
+    return out
 
 
 def snapshot(gateway: Gateway, tracker: StatusTracker | None = None) -> dict[str, Any]:
@@ -210,6 +238,7 @@ def snapshot(gateway: Gateway, tracker: StatusTracker | None = None) -> dict[str
         "upstreams": [_upstream(gateway, up.name, now) for up in gateway.config.upstreams],
         "destinations": destinations,
         "destinations_total": destinations_total,
+        "store": _store(gateway),
         "memory": {
             "limit": budget.limit,
             "used": budget.used,
@@ -334,7 +363,8 @@ def _destination(name: str, dest: Destination, stats: dict[str, Any]) -> dict[st
             "bytes": sum(p.retained_bytes for p in parts),
             "retain": first.retain_bytes,
             "overflow": first.overflow,
-            "full": any(p.retained_bytes >= p.retain_bytes for p in parts),
+            "full": any(p.full for p in parts),
+            "blocked": sum(p.blocked for p in parts),
             **({"partitions": len(parts)} if len(parts) > 1 else {}),
         }
         part_groups: list[tuple[int, dict[str, dict[str, Any]]]] = (
@@ -380,6 +410,15 @@ def hints(status: dict[str, Any]) -> list[dict[str, str]]:
             f"the memory budget is exhausted ({memory['used']} of {memory['limit']} bytes):"
             " publishes wait until consumers ack and free room",
         )
+    store = status.get("store")
+    if store and store["full"]:
+        hint(
+            "warning",
+            "store",
+            f"the disk under the store is full ({store['path']}; {store['free']} bytes free,"
+            f" a write of {store['needed']} bytes failed): publishers to durable destinations"
+            " are held and not acked until space is freed; readers go on",
+        )
     for ls in status["listeners"]:
         if not ls["bound"]:
             hint("warning", f"listener {ls['name']}", "not bound: senders cannot connect")
@@ -408,12 +447,17 @@ def hints(status: dict[str, Any]) -> list[dict[str, str]]:
             log = d["log"]
             if log["full"] and log["overflow"] == "block" and d["groups"]:
                 slowest = max(d["groups"], key=lambda g: g["behind"])
+                waiting = log.get("blocked", 0)
                 hint(
                     "warning",
                     subject,
                     f"the log is full (retain {log['retain']} bytes) and group"
                     f" {slowest['name']} has not committed {slowest['behind']} messages:"
-                    " publishers wait",
+                    + (
+                        f" {_count(waiting, 'publish waits', 'publishes wait')} for room"
+                        if waiting
+                        else " publishers wait"
+                    ),
                 )
             continue
         for g in d["groups"]:

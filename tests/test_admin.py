@@ -578,3 +578,31 @@ def test_hints_count_in_words_that_agree(group: dict[str, int], text: str) -> No
     [hint] = hints(_status_with_group(**group))
     assert hint["subject"] == "destination jobs"
     assert hint["text"].startswith(text), hint["text"]
+
+
+async def test_a_log_with_a_publisher_waiting_for_room_is_full() -> None:
+    """The log holds 1000 of its 1024 bytes and the next message does not fit: the
+    publisher waits, and the status says the log is full and why, not "not settled"."""
+    settings = config(
+        destinations=[
+            {"name": "jobs", "kind": "topic", "retain": 1024, "groups": ["audit"]},
+        ]
+    )
+    async with running_gateway(settings) as gw, client(gw) as pub:
+        with trio.fail_after(TIMEOUT):
+            # Each message is charged its body plus 200 bytes: 5 of 0 bytes are 1000.
+            answers = await pub.wait_answers(await pub.publish_nowait([b""] * 5))
+            assert {a.status for a in answers} == {"delivered"}
+            await pub.publish_nowait([b"x" * 100])
+            await until(lambda: _inflight(gw, 1), "the publish to wait for room")
+            s = await status(gw)
+            log = by_name(s["destinations"], "jobs")["log"]
+            assert (log["bytes"], log["retain"]) == (1000, 1024)
+            assert log["full"] is True
+            assert log["blocked"] == 1
+            texts = [h["text"] for h in s["hints"] if h["subject"] == "destination jobs"]
+            assert texts == [
+                "the log is full (retain 1024 bytes) and group audit has not committed 5"
+                " messages: 1 publish waits for room"
+            ]
+            assert not any("not settled" in h["text"] for h in s["hints"])

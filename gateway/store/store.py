@@ -68,8 +68,9 @@ SYNC_THREADS = 16
 RECORD_CACHE_BYTES = 32 * 2**20
 #: Bytes set aside in the file RESERVE_FILE while the store is open, given up at close
 #: when the disk is full, so that the consumers' positions kept in memory meanwhile can
-#: still be saved.
+#: still be saved. A store that cannot set it aside when it opens starts full.
 RESERVE_BYTES = 2**20
+RESERVE_MIN = 2**16
 RESERVE_FILE = "reserve"
 
 
@@ -121,6 +122,8 @@ class Store:
         #: Full or writable: a full disk holds appends and documents until there is room.
         self.space = DiskSpace(self.directory, on_room=self._wake)
         self.reserve_bytes = reserve_bytes
+        #: Why the reserve could not be made at open (a full disk), if it could not.
+        self._reserve_error: OSError | None = None
         self._closed = False
         self._failed = False
         self._lock_fd: int | None = None
@@ -170,6 +173,9 @@ class Store:
             raise
         store._trio0 = trio.current_time()
         store._wall0 = time.time()
+        if store._reserve_error is not None:
+            # Opened on a full disk: it is full from the start (and says so).
+            store.space.exhausted(store._reserve_error, "the store's reserve", reserve_bytes)
         for segment in recovered:
             store._adopt(segment)
         body_error: BaseException | None = None
@@ -235,28 +241,24 @@ class Store:
         return recovered
 
     def _make_reserve(self) -> None:
-        """Set RESERVE_BYTES aside on the disk (blocking). On a full disk the store
-        opens without it."""
+        """Set RESERVE_BYTES aside on the disk (blocking). On a full disk, as much of
+        it as fits (halving down to RESERVE_MIN), and the store starts full."""
         if not self.reserve_bytes:
             return
         path = self.directory / RESERVE_FILE
-        try:
-            if path.stat().st_size >= self.reserve_bytes:
-                return
-        except FileNotFoundError:
-            pass
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            os.posix_fallocate(fd, 0, self.reserve_bytes)
-        except OSError as e:
-            if not is_full(e):
-                raise
-            path.unlink()
-            log.warning(
-                "store: no room for the reserve of %d bytes under %s",
-                self.reserve_bytes,
-                self.directory,
-            )
+            want = self.reserve_bytes
+            while want > os.fstat(fd).st_size:
+                try:
+                    os.posix_fallocate(fd, 0, want)
+                except OSError as e:
+                    if not is_full(e):
+                        raise
+                    self._reserve_error = e
+                    want //= 2
+                    if want < RESERVE_MIN:
+                        break
         finally:
             os.close(fd)
 

@@ -269,3 +269,20 @@ async def test_closing_on_a_disk_too_full_even_for_the_reserve(
     async with Store.open(tmp_path) as store:
         assert [p for _, p in store.segment("s").read_events(0, 9, 99)] == [b"a"]
         assert store.load_state("logs") == {"position": 1}
+
+
+async def test_a_store_opened_on_a_full_disk_is_full_from_the_start(
+    tmp_path: Path, disk: Disk, autojump_clock: trio.testing.MockClock
+) -> None:
+    disk.full = True
+    async with Store.open(tmp_path, reserve_bytes=4096) as store:
+        assert store.space.full
+        assert store.space.shortage is not None
+        assert store.space.shortage.needed == 4096
+        segment = store.segment("s")
+        with pytest.raises(StorageFull) as held:
+            segment.append(events(b"a"), 1)
+        disk.full = False
+        await held.value.room()
+        segment.append(events(b"a"), 1)
+        await segment.durable(segment.end)
