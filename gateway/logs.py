@@ -36,7 +36,7 @@ from typing import Any, TypeAlias, TypeGuard
 import prometheus_client
 import trio
 
-__all__ = ["ExcInfo", "LineGuard", "Throttled", "line_guard", "quote"]
+__all__ = ["TEMPLATE", "ExcInfo", "LineGuard", "Throttled", "line_guard", "quote"]
 
 #: What :meth:`logging.Logger.log` takes as ``exc_info``.
 ExcInfo: TypeAlias = (
@@ -196,6 +196,9 @@ def _format(msg: str, args: tuple[object, ...]) -> str:
         return f"{msg} {args!r}"
 
 
+#: The record attribute that holds a message's template when an adapter put a prefix
+#: (the peer's address) before it: lines are rate-limited by template.
+TEMPLATE = "_template"
 #: A value quoted in a log line is cut to this many characters.
 MAX_QUOTE = 200
 #: A log line's message (the traceback apart) is cut to this many characters.
@@ -257,7 +260,7 @@ class LineGuard(logging.Filter):
 
     def _admit(self, record: logging.LogRecord) -> bool:
         now = self._clock() if self._clock is not None else _now()
-        key = (record.name, str(record.msg), record.levelno)
+        key = (record.name, str(getattr(record, TEMPLATE, record.msg)), record.levelno)
         window = self._windows.get(key)
         if window is None or not 0 <= now - window[0] < self.interval:
             missed = int(window[2]) if window is not None else 0

@@ -32,6 +32,7 @@ import trio
 from .destination import Subscription
 from .errors import ProtocolError, first_leaf
 from .facade import HubFacade
+from .logs import TEMPLATE
 from .metrics import Metrics
 from .model import PeerIdentity, Source
 from .options import Option
@@ -64,6 +65,9 @@ class PrefixLogger(logging.LoggerAdapter):
         self.prefix = prefix
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        # The template without the prefix: the log's rate limit counts lines of one
+        # template together, whichever peer they are about (gateway.logs.LineGuard).
+        kwargs["extra"] = {**(kwargs.get("extra") or {}), TEMPLATE: msg}
         return f"[{self.prefix}] {msg}", kwargs
 
 
