@@ -5,7 +5,7 @@ the test mounts (it must run as root, as ``.ci/run`` does). A durable queue
 ``logs`` takes 1000 ndjson publishes, then a file fills the rest of the disk:
 
 - a consumer still reads and acks (its positions wait in memory);
-- new publishes, over ndjson and Lumberjack, are held: never acked, never
+- new publishes, over ndjson, Lumberjack and ttrpc, are held: never acked, never
   answered with an error, their connections never closed;
 - ``/readyz`` answers 503 with the reason, the status has the hint and the
   metrics ``interchange_store_disk_full 1``; one ERROR line says so, with no
@@ -34,6 +34,9 @@ from interchange_ndjson.client import NdjsonClient
 from interchange_ndjson.events import Deliver
 
 from protocols.lumberjack.client import ClientSettings, LumberjackClient
+from protocols.ttrpc import messaging_pb2 as pb
+from protocols.ttrpc.client import open_client
+from protocols.ttrpc.messaging import SERVICE
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +87,7 @@ async def fetch(url: str) -> tuple[int, str]:
 
 
 def config(disk: Path, faults: ModuleType) -> dict[str, Any]:
-    ports = {k: faults.free_port() for k in ("ndjson", "lumberjack", "admin", "metrics")}
+    ports = {k: faults.free_port() for k in ("ndjson", "lumberjack", "ttrpc", "admin", "metrics")}
     return {
         "gateway": {"data_dir": str(disk), "drain_timeout": "1s"},
         "admin": {"bind": f"127.0.0.1:{ports['admin']}"},
@@ -102,6 +105,7 @@ def config(disk: Path, faults: ModuleType) -> dict[str, Any]:
                 "bind": f"127.0.0.1:{ports['lumberjack']}",
                 "destination": "logs",
             },
+            {"name": "tt", "protocol": "ttrpc", "bind": f"127.0.0.1:{ports['ttrpc']}"},
         ],
         "destinations": [{"name": "logs", "kind": "queue", "store": "embedded"}],
     }
@@ -164,10 +168,23 @@ async def test_a_full_disk_holds_publishers_and_everything_resumes(
         lumberjack_acked.set()
 
     nursery.start_soon(send_window)
+    ttrpc_answer: list[Any] = []
+
+    async def publish_over_ttrpc() -> None:
+        stream = await trio.open_tcp_stream("127.0.0.1", ports["tt"])
+        async with open_client(stream) as client:
+            request = pb.PublishRequest(
+                messages=[pb.Message(destination="logs", body=b'{"n":1002}')]
+            )
+            answer = await client.call(SERVICE, "Publish", request.SerializeToString())
+            ttrpc_answer.append(pb.PublishResponse.FromString(answer))
+
+    nursery.start_soon(publish_over_ttrpc)
     with trio.move_on_after(3) as waited:
         await held.wait_answers(held_ids)
     assert waited.cancelled_caught, "a publish was answered while the disk was full"
     assert not lumberjack_acked.is_set()
+    assert not ttrpc_answer
 
     _, body = await fetch(admin + "/api/status")
     snapshot = json.loads(body)
@@ -182,6 +199,10 @@ async def test_a_full_disk_holds_publishers_and_everything_resumes(
         (answer,) = await held.wait_answers(held_ids)
         await lumberjack_acked.wait()
     assert answer.status == "delivered"
+    with trio.fail_after(15):
+        while not ttrpc_answer:
+            await trio.sleep(0.05)
+    assert [r.outcome for r in ttrpc_answer[0].results] == [pb.OUTCOME_DELIVERED]
     status, _ = await fetch(admin + "/readyz")
     assert status == 200
     await held.aclose()
