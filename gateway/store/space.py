@@ -128,20 +128,22 @@ class DiskSpace:
         while self.shortage is not None:
             await self._lot.park()
 
-    def resume(self) -> None:
-        """Writable again: wake every waiter (each retries its write)."""
+    def resume(self, *, quiet: bool = False) -> None:
+        """Writable again: wake every waiter (each retries its write); an INFO line says
+        so unless ``quiet`` (the store closing tries its documents once more)."""
         shortage = self.shortage
         if shortage is None:
             return
         self.shortage = None
         self._became_full = trio.Event()
         free = self.free_bytes()
-        log.info(
-            "store: room on the disk again after %.0fs (%s free); %d held writes resume",
-            trio.current_time() - shortage.since,
-            "?" if free is None else _size(free),
-            shortage.refused,
-        )
+        if not quiet:
+            log.info(
+                "store: room on the disk again after %.0fs (%s free); %d held writes resume",
+                trio.current_time() - shortage.since,
+                "?" if free is None else _size(free),
+                shortage.refused,
+            )
         self._lot.unpark_all()
         if self._on_room is not None:
             self._on_room()

@@ -34,6 +34,7 @@ from .layout import (
     META_FILE,
     SEGMENTS_DIR,
     STATES_DIR,
+    TMP_SUFFIX,
     chunk_paths,
     decode_name,
     encode_name,
@@ -331,7 +332,7 @@ class Store:
         """Closing on a full disk: give up the reserve, so that the documents kept in
         memory (consumers' positions) fit, and try them once more."""
         (self.directory / RESERVE_FILE).unlink(missing_ok=True)
-        self.space.resume()
+        self.space.resume(quiet=True)
         await self._commit(sync_data=True, everything=True)
         unsaved = len(self._pending_states) + sum(s.meta_dirty for s in self._segments.values())
         if unsaved:
@@ -800,6 +801,8 @@ def _write_if_room(document: _Document, unwritten: list[tuple[_Document, OSError
     except OSError as e:
         if not is_full(e):
             raise
+        # What of the temporary file was written takes room the disk has not got.
+        document.path.with_name(document.path.name + TMP_SUFFIX).unlink(missing_ok=True)
         unwritten.append((document, e))  # list.append is atomic: lanes share the list
         return 0
     return 2
