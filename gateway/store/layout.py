@@ -12,6 +12,7 @@ record), and ``meta`` (the ledger snapshot and the logical first event).
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import uuid
@@ -46,12 +47,14 @@ __all__ = [
     "chunk_paths",
     "chunk_starts",
     "crc32",
+    "damaged_entry_fields",
     "decode_name",
     "encode_name",
     "fsync_directory",
     "pack_document",
     "pack_entry",
     "read_document",
+    "repair_entry",
     "unpack_document",
     "write_document",
 ]
@@ -68,8 +71,10 @@ INDEX_SUFFIX = ".index"
 
 INDEX_MAGIC = b"ICHGIDX\x00"
 INDEX_VERSION = 1
-#: magic, version, entry size, (reserved), chunk's first byte offset, chunk's first event.
-INDEX_HEADER = struct.Struct("<8sHH4xQQ")
+#: magic, version, entry size, header CRC, chunk's first byte offset, chunk's first event.
+#: The header CRC is the CRC-32 of the other 28 bytes; 0 in an index written before the
+#: header had one (those bytes were reserved and zero).
+INDEX_HEADER = struct.Struct("<8sHHIQQ")
 #: offset, first event, length, count, format, flags, (reserved), writer, last event
 #: number, timestamp (µs since the epoch), data CRC-32; then the CRC-32 of all that.
 _ENTRY_BODY = struct.Struct("<QQIIBB6x16sqqI")
@@ -122,23 +127,42 @@ class IndexHeader:
     first_event: int
 
     def pack(self) -> bytes:
-        return INDEX_HEADER.pack(
-            INDEX_MAGIC, INDEX_VERSION, INDEX_ENTRY.size, self.start, self.first_event
+        fields = INDEX_HEADER.pack(
+            INDEX_MAGIC, INDEX_VERSION, INDEX_ENTRY.size, 0, self.start, self.first_event
         )
+        crc = _header_crc(fields)
+        return fields[:12] + crc.to_bytes(4, "little") + fields[16:]
 
     @classmethod
     def unpack(cls, data: bytes) -> IndexHeader | None:
-        """The header, or None if ``data`` is not a header of this version."""
+        """The header, or None if ``data`` is not an intact header of this version: its
+        CRC fails or, in an index written before headers had one, a field is not what
+        this version writes (damaged: recovery rebuilds it from the file name and the
+        entries). UnknownFormat for an intact header of another version."""
         if len(data) < INDEX_HEADER.size:
             return None
-        magic, version, entry_size, start, first_event = INDEX_HEADER.unpack_from(data)
-        if magic == INDEX_MAGIC and version > INDEX_VERSION:
-            raise UnknownFormat(
-                f"index format version {version} (this version reads {INDEX_VERSION})"
-            )
-        if magic != INDEX_MAGIC or version != INDEX_VERSION or entry_size != INDEX_ENTRY.size:
+        magic, version, entry_size, crc, start, first_event = INDEX_HEADER.unpack_from(data)
+        ours = (magic, version, entry_size) == (INDEX_MAGIC, INDEX_VERSION, INDEX_ENTRY.size)
+        if crc:
+            if crc != _header_crc(data):
+                return None
+            if magic != INDEX_MAGIC:
+                return None
+            if not ours:
+                raise UnknownFormat(
+                    f"index format version {version}, entries of {entry_size} bytes (this "
+                    f"version reads {INDEX_VERSION}, entries of {INDEX_ENTRY.size} bytes)"
+                )
+        elif not ours:
+            # Without a CRC nothing tells a newer version from a damaged byte: a newer
+            # version writes the CRC, so this is damage.
             return None
         return cls(start, first_event)
+
+
+def _header_crc(data: bytes | memoryview) -> int:
+    """The CRC-32 of a packed header's bytes other than its CRC field."""
+    return crc32(bytes(data[16 : INDEX_HEADER.size]), crc32(bytes(data[:12])))
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +218,65 @@ class IndexEntry:
             body
         )
         return cls(offset, first, length, count, fmt, flags, writer, last, ts, data_crc)
+
+
+def damaged_entry_fields(data: bytes | memoryview) -> tuple[int, int, int, int, int, int]:
+    """The offset, first event, length, count, format and data CRC an entry whose own
+    checksum fails says, unchecked (any of them may be what is damaged): recovery
+    rebuilds a record from its data only where the data's CRC proves it."""
+    (offset, first, length, count, fmt, _, _, _, _, data_crc) = _ENTRY_BODY.unpack_from(data)
+    return offset, first, length, count, fmt, data_crc
+
+
+def repair_entry(data: bytes | memoryview) -> IndexEntry | None:
+    """The entry in the ``INDEX_ENTRY.size`` bytes ``data``, whose own checksum fails,
+    as it was before one of its bytes was damaged (a flipped bit, a bad byte): the one
+    byte whose change makes the checksum hold. None if no single byte does. CRC-32
+    tells every single-byte error in 72 bytes from every other (tested), so the repair
+    is never a guess; the caller still checks that the entry fits its neighbours and
+    that the record's data matches the data CRC it holds."""
+    if len(data) != INDEX_ENTRY.size:
+        return None
+    body = bytes(data[: _ENTRY_BODY.size])
+    stored = int.from_bytes(data[_ENTRY_BODY.size : INDEX_ENTRY.size], "little")
+    syndrome = crc32(body) ^ stored
+    if not syndrome:
+        return IndexEntry.unpack(data)
+    if syndrome in _crc_field_errors():
+        # The damaged byte is in the stored CRC itself: the fields are intact.
+        fixed = body + crc32(body).to_bytes(4, "little")
+    else:
+        error = _body_errors().get(syndrome)
+        if error is None:
+            return None
+        position, value = error
+        damaged = bytearray(body)
+        damaged[position] ^= value
+        fixed = bytes(damaged) + data[_ENTRY_BODY.size : INDEX_ENTRY.size]
+    return IndexEntry.unpack(fixed)
+
+
+@functools.cache
+def _body_errors() -> dict[int, tuple[int, int]]:
+    """CRC difference -> (position, xor value) of each single-byte error in an entry's
+    body. CRC-32 is affine: crc(body ^ e) == crc(body) ^ crc(e) ^ crc(zeros)."""
+    size = _ENTRY_BODY.size
+    zero = crc32(bytes(size))
+    errors: dict[int, tuple[int, int]] = {}
+    for position in range(size):
+        pattern = bytearray(size)
+        for value in range(1, 256):
+            pattern[position] = value
+            errors[crc32(pattern) ^ zero] = (position, value)
+    if len(errors) != size * 255 or errors.keys() & _crc_field_errors():
+        raise AssertionError("CRC-32 no longer tells single-byte errors apart")
+    return errors
+
+
+@functools.cache
+def _crc_field_errors() -> frozenset[int]:
+    """The differences a single damaged byte of the stored CRC makes."""
+    return frozenset(value << (8 * byte) for byte in range(4) for value in range(1, 256))
 
 
 def pack_entry(

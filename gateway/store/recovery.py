@@ -13,6 +13,15 @@ a garbled entry) get a synthesized corrupt entry covering their bytes and
 events; data files are cut or extended to the bytes their entries cover.
 With ``repair=False`` (``gateway store verify`` and ``inspect``) nothing is
 written and the report says the same.
+
+Damage to an index loses no record whose data can be proven intact: a
+damaged header is rebuilt from the file name and the entries (it only
+repeats what they say); an entry with one damaged byte is repaired from its
+own CRC (and its data must then match its data CRC); a stretch of records
+whose entries are damaged beyond that is rebuilt from the data where the
+data CRC a damaged entry still holds matches the bytes, which must be whole
+events numbered densely between the neighbours. Bytes nothing proves intact
+stay a corrupt record: never delivered.
 """
 
 from __future__ import annotations
@@ -39,11 +48,13 @@ from .layout import (
     chunk_paths,
     chunk_starts,
     crc32,
+    damaged_entry_fields,
     decode_name,
     fsync_directory,
     read_document,
+    repair_entry,
 )
-from .records import RecordFormat
+from .records import RecordFormat, count_events
 
 __all__ = ["RecoveredChunk", "RecoveredSegment", "RecoveryReport", "recover_segment"]
 
@@ -53,6 +64,10 @@ log = logging.getLogger("gateway.store")
 Verify = Literal["all", "tail", "none"]
 
 _READ_BLOCK = 1 << 20
+#: Damaged entry slots remembered per stretch for rebuilding its records from the data.
+_MAX_CANDIDATES = 4096
+#: The formats a rebuilt record may take from its damaged entry.
+_FORMATS = frozenset({RecordFormat.RAW, RecordFormat.ENVELOPE})
 
 
 @dataclass(slots=True)
@@ -68,6 +83,9 @@ class RecoveryReport:
     truncated_bytes: int = 0
     #: Bytes whose checksums were verified.
     verified_bytes: int = 0
+    #: Index headers rebuilt and entries repaired or rebuilt from the data: damage to
+    #: the index that lost nothing.
+    repaired: int = 0
     seconds: float = 0.0
     #: What was found and where, one line each.
     problems: list[str] = field(default_factory=list)
@@ -105,8 +123,14 @@ class _Scan:
     header: IndexHeader | None
     data_size: int
     index_size: int
+    #: The index has a header, but it is damaged.
+    header_damaged: bool = False
     #: Index slots that were unreadable or out of sequence.
     dropped_slots: int = 0
+    #: Entries with one damaged byte, repaired from their CRC, by slot.
+    repaired: dict[int, IndexEntry] = field(default_factory=dict)
+    #: Offset and first event of the first entry kept.
+    first_entry: tuple[int, int] | None = None
     kept: int = 0
     #: Positions (among the kept entries) whose data is missing or fails its checksum.
     bad: set[int] = field(default_factory=set)
@@ -140,48 +164,94 @@ def _file_size(path: Path) -> int:
         return -1
 
 
-def _read_header(path: Path, start: int) -> IndexHeader | None:
+def _read_header(path: Path, start: int) -> tuple[IndexHeader | None, bool]:
+    """The chunk's index header if it is intact, and whether there is a damaged one
+    (which the entries after it survive: they have CRCs of their own). A header cut
+    short is no damage: a crash while the chunk was being created."""
     try:
         with open(path, "rb") as f:
-            header = IndexHeader.unpack(f.read(INDEX_HEADER.size))
+            data = f.read(INDEX_HEADER.size)
     except FileNotFoundError:
-        return None
+        return None, False
+    if len(data) < INDEX_HEADER.size:
+        return None, False
+    try:
+        header = IndexHeader.unpack(data)
     except UnknownFormat as e:
         raise UnknownFormat(f"{path}: {e}") from None
-    return header if header is not None and header.start == start else None
+    if header is None or header.start != start:
+        return None, True
+    return header, False
 
 
-def _slots(path: Path, header_ok: bool) -> Iterator[IndexEntry | None]:
-    """Every entry slot of an index file: the entry, or None if its checksum fails
-    (a partial entry at the end included)."""
-    if not header_ok:
+def _slots(path: Path) -> Iterator[tuple[int, bytes, IndexEntry | None]]:
+    """Every entry slot of an index file, whatever its header: the slot's number, its
+    bytes and its entry, or None if its checksum fails (a partial entry at the end
+    included)."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed below; a generator's with would do the same
+    except FileNotFoundError:
         return
-    with open(path, "rb") as f:
+    with f:
         f.seek(INDEX_HEADER.size)
         size = INDEX_ENTRY.size
+        slot = 0
         while True:
             block = f.read(_READ_BLOCK - _READ_BLOCK % size)
             if not block:
                 return
             for pos in range(0, len(block) - size + 1, size):
-                yield IndexEntry.unpack(block, pos)
+                yield slot, block[pos : pos + size], IndexEntry.unpack(block, pos)
+                slot += 1
             if len(block) % size:
-                yield None
+                yield slot, block[len(block) - len(block) % size :], None
                 return
 
 
-def _data_crc(fd: int, entry: IndexEntry, start: int) -> int:
-    crc = 0
-    pos = entry.offset - start
-    remaining = entry.length
-    while remaining:
-        block = os.pread(fd, min(remaining, _READ_BLOCK), pos)
-        if not block:
-            break
-        crc = crc32(block, crc)
-        pos += len(block)
-        remaining -= len(block)
-    return crc
+class _DataFile:
+    """A chunk's data file, opened on first use."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path = path
+        self.size = size
+        self._fd = -1
+
+    def read(self, pos: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``pos`` of the file (fewer where it ends)."""
+        if self.size < 0:
+            return b""
+        if self._fd < 0:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        parts: list[bytes] = []
+        while length > 0:
+            block = os.pread(self._fd, min(length, _READ_BLOCK), pos)
+            if not block:
+                break
+            parts.append(block)
+            pos += len(block)
+            length -= len(block)
+        return b"".join(parts)
+
+    def crc(self, pos: int, length: int) -> int | None:
+        """The CRC-32 of ``length`` bytes at ``pos``; None if the file ends before."""
+        if self.size < 0:
+            return None
+        if self._fd < 0:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        crc = 0
+        while length > 0:
+            block = os.pread(self._fd, min(length, _READ_BLOCK), pos)
+            if not block:
+                return None
+            crc = crc32(block, crc)
+            pos += len(block)
+            length -= len(block)
+        return crc
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def recover_segment(
@@ -215,40 +285,57 @@ def _first_pass(
     for i, start in enumerate(starts):
         data_path, index_path = chunk_paths(directory, start)
         limit = starts[i + 1] if i + 1 < len(starts) else None
-        scan = _Scan(
-            start, _read_header(index_path, start), _file_size(data_path), _file_size(index_path)
-        )
+        header, header_damaged = _read_header(index_path, start)
+        scan = _Scan(start, header, _file_size(data_path), _file_size(index_path), header_damaged)
         scan.verified = (
             verify == "all"
             or (verify == "tail" and i >= len(starts) - 2)
             or (limit is not None and scan.data_size != limit - start)
         )
-        fd = os.open(data_path, os.O_RDONLY) if scan.verified and scan.data_size > 0 else -1
+        data = _DataFile(data_path, scan.data_size)
         try:
-            for entry in _slots(index_path, scan.header is not None):
+            for slot, raw, entry in _slots(index_path):
+                repaired = False
+                if entry is None:
+                    entry = repair_entry(raw)
+                    repaired = entry is not None
                 if entry is None or not sequence.accepts(entry, start, limit):
                     scan.dropped_slots += 1
                     continue
+                if repaired:
+                    scan.repaired[slot] = entry
                 position = scan.kept
                 scan.kept += 1
+                if scan.first_entry is None:
+                    scan.first_entry = (entry.offset, entry.first_event)
                 if entry.corrupt:
                     scan.flagged += 1
                     scan.last_good = position
                     continue
                 missing = entry.end - start > scan.data_size
-                if not missing and fd >= 0:
+                # A repaired entry is kept only if its data proves it, verified or not.
+                if not missing and (scan.verified or repaired):
                     report.verified_bytes += entry.length
-                    if _data_crc(fd, entry, start) != entry.data_crc:
+                    if data.crc(entry.offset - start, entry.length) != entry.data_crc:
                         missing = True
                 if missing:
                     scan.bad.add(position)
                 else:
                     scan.last_good = position
         finally:
-            if fd >= 0:
-                os.close(fd)
+            data.close()
         scans.append(scan)
     return scans
+
+
+def _chunk_first_event(scan: _Scan) -> int:
+    """A chunk's first event, as its first entry (checksummed) or else its intact header
+    says; -1 if neither does."""
+    if scan.first_entry is not None and scan.first_entry[0] == scan.start:
+        return scan.first_entry[1]
+    if scan.header is not None:
+        return scan.header.first_event
+    return -1
 
 
 def _gap(offset: int, end: int, first_event: int, next_event: int, timestamp_us: int) -> IndexEntry:
@@ -306,65 +393,112 @@ def _second_pass(
             continue
         cut = scan.last_good if i == last else (scan.kept - 1 if i < last else -1)
         if expected_event < 0:
-            expected_event = scan.header.first_event if scan.header is not None else -1
+            expected_event = _chunk_first_event(scan)
         first_event = expected_event
         entries: list[IndexEntry] = []
-        changed = scan.header is None or scan.dropped_slots > 0
+        changed = scan.header is None or scan.dropped_slots > 0 or bool(scan.repaired)
+        if scan.header_damaged:
+            _note_repair(
+                report,
+                name,
+                repair,
+                f"index header of the chunk at byte {scan.start} damaged",
+                "rebuilt from the file name and the entries",
+            )
         position = -1
-        for entry in _slots(index_path, scan.header is not None):
-            if entry is None or not sequence.accepts(entry, scan.start, limit):
-                continue
-            position += 1
-            if position > cut:
-                changed = True
-                report.problems.append(
-                    f"torn tail: record at byte {entry.offset} (events {entry.first_event}.."
-                    f"{entry.next_event - 1}) dropped"
-                )
-                continue
-            if expected_event < 0:
-                expected_event = first_event = entry.first_event
-            if entry.offset > expected_offset or entry.first_event > expected_event:
-                entries.append(
-                    _gap(
-                        expected_offset,
-                        entry.offset,
-                        expected_event,
-                        entry.first_event,
-                        entry.timestamp_us,
+        #: Damaged slots since the last entry kept: what a stretch may be rebuilt from.
+        candidates: list[bytes] = []
+        data = _DataFile(data_path, scan.data_size)
+        try:
+            for slot, raw, entry in _slots(index_path):
+                if entry is None:
+                    entry = scan.repaired.get(slot)
+                if entry is None:
+                    if len(candidates) < _MAX_CANDIDATES and len(raw) == INDEX_ENTRY.size:
+                        candidates.append(raw)
+                    continue
+                if not sequence.accepts(entry, scan.start, limit):
+                    continue
+                position += 1
+                if position > cut:
+                    changed = True
+                    report.problems.append(
+                        f"torn tail: record at byte {entry.offset} (events {entry.first_event}.."
+                        f"{entry.next_event - 1}) dropped"
                     )
-                )
-                changed = True
-                _note_gap(report, name, entries[-1])
-            if position in scan.bad:
-                entry = replace(entry, flags=entry.flags | FLAG_CORRUPT)
-                changed = True
-                report.problems.append(
-                    f"corrupt record at byte {entry.offset} (events {entry.first_event}.."
-                    f"{entry.next_event - 1}): data checksum fails; kept in place"
-                )
-                if repair:
-                    log.error(
-                        "segment %r: the record at byte %d (events %d..%d) failed its "
-                        "checksum; kept in place, its events read as corrupt",
+                    continue
+                if slot in scan.repaired:
+                    _note_repair(
+                        report,
                         name,
-                        entry.offset,
-                        entry.first_event,
-                        entry.next_event - 1,
+                        repair,
+                        f"index entry of the record at byte {entry.offset} (events "
+                        f"{entry.first_event}..{entry.next_event - 1}) damaged in one byte",
+                        "repaired from its checksum",
                     )
-            entries.append(entry)
-            expected_offset, expected_event = entry.end, entry.next_event
-        if expected_event < 0:
-            expected_event = first_event = _meta_first_event(meta)
-        if i < last and limit is not None:
-            # Bytes (and events) up to the next chunk that no entry describes.
-            following = scans[i + 1].header
-            next_first = following.first_event if following is not None else expected_event
-            if expected_offset < limit or next_first > expected_event:
-                entries.append(_gap(expected_offset, limit, expected_event, next_first, newest))
-                changed = True
-                _note_gap(report, name, entries[-1])
-            expected_offset, expected_event = limit, max(expected_event, next_first)
+                if expected_event < 0:
+                    expected_event = first_event = entry.first_event
+                if entry.offset > expected_offset or entry.first_event > expected_event:
+                    _fill(
+                        entries,
+                        data,
+                        scan.start,
+                        (expected_offset, entry.offset),
+                        (expected_event, entry.first_event),
+                        candidates,
+                        entry.timestamp_us,
+                        report,
+                        name,
+                        repair,
+                    )
+                    changed = True
+                candidates = []
+                if position in scan.bad:
+                    entry = replace(entry, flags=entry.flags | FLAG_CORRUPT)
+                    changed = True
+                    report.problems.append(
+                        f"corrupt record at byte {entry.offset} (events {entry.first_event}.."
+                        f"{entry.next_event - 1}): data checksum fails; kept in place"
+                    )
+                    if repair:
+                        log.error(
+                            "segment %r: the record at byte %d (events %d..%d) failed its "
+                            "checksum; kept in place, its events read as corrupt",
+                            name,
+                            entry.offset,
+                            entry.first_event,
+                            entry.next_event - 1,
+                        )
+                elif entry.corrupt:
+                    report.problems.append(
+                        f"corrupt record at byte {entry.offset} (events {entry.first_event}.."
+                        f"{entry.next_event - 1}): flagged damaged before; kept in place, "
+                        "never delivered"
+                    )
+                entries.append(entry)
+                expected_offset, expected_event = entry.end, entry.next_event
+            if expected_event < 0:
+                expected_event = first_event = _meta_first_event(meta)
+            if i < last and limit is not None:
+                # Bytes (and events) up to the next chunk that no entry describes.
+                next_first = max(_chunk_first_event(scans[i + 1]), expected_event)
+                if expected_offset < limit or next_first > expected_event:
+                    _fill(
+                        entries,
+                        data,
+                        scan.start,
+                        (expected_offset, limit),
+                        (expected_event, next_first),
+                        candidates,
+                        newest,
+                        report,
+                        name,
+                        repair,
+                    )
+                    changed = True
+                expected_offset, expected_event = limit, next_first
+        finally:
+            data.close()
         size = (entries[-1].end if entries else scan.start) - scan.start
         if i < last and limit is not None:
             size = limit - scan.start
@@ -397,6 +531,92 @@ def _second_pass(
     if not chunks:
         raise AssertionError("recovery keeps at least one chunk")
     return chunks, ledger
+
+
+def _fill(
+    entries: list[IndexEntry],
+    data: _DataFile,
+    chunk_start: int,
+    span: tuple[int, int],
+    events: tuple[int, int],
+    candidates: list[bytes],
+    timestamp_us: int,
+    report: RecoveryReport,
+    name: str,
+    repair: bool,
+) -> None:
+    """Entries for the bytes ``span`` and the events ``events`` that no valid entry
+    describes: the records the data proves (:func:`_rebuild`), then one corrupt record
+    for whatever is left."""
+    (offset, end), (first_event, next_event) = span, events
+    for entry in _rebuild(data, chunk_start, span, events, candidates, timestamp_us):
+        entries.append(entry)
+        offset, first_event = entry.end, entry.next_event
+        _note_repair(
+            report,
+            name,
+            repair,
+            f"index entry of the record at byte {entry.offset} (events {entry.first_event}.."
+            f"{entry.next_event - 1}) damaged",
+            "rebuilt from the data, which the data CRC it held proves intact (without its "
+            "writer's number)",
+        )
+    if offset < end or first_event < next_event:
+        entries.append(_gap(offset, end, first_event, next_event, timestamp_us))
+        _note_gap(report, name, entries[-1])
+
+
+def _rebuild(
+    data: _DataFile,
+    chunk_start: int,
+    span: tuple[int, int],
+    events: tuple[int, int],
+    candidates: list[bytes],
+    timestamp_us: int,
+) -> list[IndexEntry]:
+    """The records at the start of ``span`` that damaged entries (``candidates``, in
+    index order) still prove: the entry says where the record starts (the next byte
+    to account for), its length and its data CRC, and the bytes there match that CRC
+    and are whole events, numbered densely from the first of ``events`` and not past
+    its end (the next entry's first event). Their writer and last event number are not
+    trusted (any damaged byte may be there): the writer's ledger stays as the other
+    records leave it. The format is the entry's if it names one, else raw."""
+    (pos, end), (event, next_event) = span, events
+    out: list[IndexEntry] = []
+    for raw in candidates:
+        if pos >= end:
+            break
+        offset, _, length, _, fmt, data_crc = damaged_entry_fields(raw)
+        if offset != pos or length <= 0 or pos + length > end:
+            continue
+        block = data.read(pos - chunk_start, length)
+        if len(block) != length or crc32(block) != data_crc:
+            continue
+        try:
+            count = count_events(block)
+        except ValueError:
+            continue
+        if count < 1 or event + count > next_event:
+            continue
+        record_format = fmt if fmt in _FORMATS else RecordFormat.RAW
+        out.append(
+            IndexEntry(
+                pos, event, length, count, record_format, 0, ZERO_WRITER, 0, timestamp_us, data_crc
+            )
+        )
+        pos += length
+        event += count
+    return out
+
+
+def _note_repair(report: RecoveryReport, name: str, repair: bool, damage: str, remedy: str) -> None:
+    """Damage to an index that lost nothing: reported, and logged when repaired."""
+    report.repaired += 1
+    if repair:
+        report.problems.append(f"{damage}: {remedy}")
+        log.warning("segment %r: %s: %s", name, damage, remedy)
+    else:
+        report.problems.append(f"{damage}: can be {remedy} (the next start does)")
 
 
 def _meta_first_event(meta: dict[str, object]) -> int:

@@ -16,7 +16,14 @@ import trio.testing
 
 from gateway.errors import StorageFull
 from gateway.store import RecordFormat, Store, frame_events
-from gateway.store.layout import INDEX_ENTRY, INDEX_HEADER, UnknownFormat
+from gateway.store.layout import (
+    INDEX_ENTRY,
+    INDEX_HEADER,
+    INDEX_VERSION,
+    IndexHeader,
+    UnknownFormat,
+    crc32,
+)
 
 WRITER = uuid.UUID(int=1)
 CORRUPT = (RecordFormat.CORRUPT, b"")
@@ -225,20 +232,19 @@ async def test_damage_found_by_a_read_after_a_clean_start(
     assert len([r for r in caplog.records if f"byte {REC}" in r.getMessage()]) == 1
 
 
-async def test_a_damaged_index_entry_in_the_middle(tmp_path: Path) -> None:
+async def test_a_damaged_index_entry_in_the_middle_is_repaired(tmp_path: Path) -> None:
     image = await fill(tmp_path / "store", 4)
-    flip(chunk_files(image, ".index")[0], INDEX_HEADER.size + INDEX_ENTRY.size + 5)
+    (index,) = chunk_files(image, ".index")
+    flip(index, INDEX_HEADER.size + INDEX_ENTRY.size + 5)
     async with Store.open(image) as store:
         segment = store.segment("s", create=False)
         assert segment is not None
         (report,) = store.recovery
-        assert (report.corrupt_records, report.truncated_bytes) == (1, 0)
-        assert segment.read_events(0, 100, 10_000) == [
-            *[(RecordFormat.RAW, payload(i)) for i in range(3)],
-            *[CORRUPT] * 3,
-            *[(RecordFormat.RAW, payload(i)) for i in range(6, 12)],
-        ]
-        assert segment.read(REC, REC) == record(3)  # the bytes are still there
+        assert (report.corrupt_records, report.truncated_bytes, report.repaired) == (0, 0, 1)
+        assert payloads(segment.read_events(0, 100, 10_000)) == [payload(i) for i in range(12)]
+        assert segment.read(REC, REC) == record(3)
+    async with Store.open(image) as store:  # repaired on disk
+        assert store.recovery[0].problems == []
 
 
 async def test_a_chunk_whose_index_lost_its_tail(tmp_path: Path) -> None:
@@ -310,14 +316,21 @@ async def test_a_crash_after_a_clean_restart_is_still_dirty(tmp_path: Path) -> N
         assert store.recovery[0].verified_bytes == 2 * REC
 
 
+def newer_header(start: int, first_event: int) -> bytes:
+    """An intact index header (its CRC holds) of a version after ours."""
+    fields = bytearray(IndexHeader(start, first_event).pack())
+    fields[8:10] = (INDEX_VERSION + 1).to_bytes(2, "little")
+    fields[12:16] = crc32(bytes(fields[16:]), crc32(bytes(fields[:12]))).to_bytes(4, "little")
+    return bytes(fields)
+
+
 async def test_a_newer_format_is_refused_untouched(tmp_path: Path) -> None:
     await fill(tmp_path, 2)
     (index,) = chunk_files(tmp_path, ".index")
     with open(index, "r+b") as f:
-        f.seek(8)
-        f.write((99).to_bytes(2, "little"))  # the format version
+        f.write(newer_header(0, 0))
     before = {p: p.read_bytes() for p in (tmp_path / "segments" / "s").iterdir()}
-    with pytest.raises(UnknownFormat, match="version 99"):
+    with pytest.raises(UnknownFormat, match=f"version {INDEX_VERSION + 1}"):
         async with Store.open(tmp_path):
             pass
     assert {p: p.read_bytes() for p in (tmp_path / "segments" / "s").iterdir()} == before
