@@ -33,7 +33,7 @@ from .space import is_full
 if TYPE_CHECKING:
     from .store import Store
 
-__all__ = ["Appended", "Segment", "SegmentTruncated"]
+__all__ = ["Appended", "Segment", "SegmentDamaged", "SegmentTruncated"]
 
 log = logging.getLogger("gateway.store")
 
@@ -63,6 +63,20 @@ class SegmentTruncated(Exception):
         super().__init__(f"segment {segment!r} starts at byte {start} (event {first_event}) now")
         self.start = start
         self.first_event = first_event
+
+
+class SegmentDamaged(Exception):
+    """A raw read starting in a damaged record (its data failed its checksum, found by
+    recovery or by a read): its bytes ``[offset, end)`` are never returned, and reading
+    may go on at ``end``, where the next record starts."""
+
+    def __init__(self, segment: str, offset: int, end: int) -> None:
+        super().__init__(
+            f"segment {segment!r}: bytes {offset}..{end - 1} are a damaged record (its data "
+            f"failed its checksum) and are never read; reading goes on at byte {end}"
+        )
+        self.offset = offset
+        self.end = end
 
 
 OnAppend = Callable[[Appended, RecordFormat], None]
@@ -107,6 +121,9 @@ class Segment:
         #: logged and counted once).
         self._recovered_corrupt = corrupt_records
         self._found_corrupt: set[int] = set()
+        #: Per chunk (by start), how many of its first records reads have checked: raw
+        #: reads of those go straight to the file (damaged ones are known and skipped).
+        self._checked: dict[int, int] = {}
         #: Retention wants every chunk below this event deleted (the committer does it).
         self.delete_below = self.first_event
         self.meta_dirty = False
@@ -268,20 +285,89 @@ class Segment:
     def read(self, offset: int, max_bytes: int) -> bytes:
         """Raw stored bytes from ``offset`` (any offset, not only event boundaries), at
         most ``max_bytes``; b"" at ``end``. SegmentTruncated below ``start``; ValueError
-        beyond ``end``."""
+        beyond ``end``.
+
+        Never the bytes of a damaged record: each record's CRC (and framing) is checked
+        the first time a read reaches it, as ``read_events`` does. A read that reaches a
+        damaged record stops before it (fewer bytes than asked; it always ends on an
+        event boundary), a read starting in one raises SegmentDamaged, whose ``end`` is
+        where reading may go on."""
         self._check_offset(offset)
         self._stats["reads"] += 1
-        remaining = min(max_bytes, self.end - offset)
+        stop = offset + max(0, min(max_bytes, self.end - offset))
         parts: list[bytes] = []
-        while remaining > 0:
-            chunk = self._chunk_at_offset(offset)
-            data = chunk.pread(min(remaining, chunk.end - offset), offset)
-            if not data:
-                break
-            parts.append(data)
-            offset += len(data)
-            remaining -= len(data)
+        pos = offset
+        while pos < stop:
+            chunk = self._chunk_at_offset(pos)
+            limit = min(stop, chunk.end)
+            r = chunk.record_of_offset(pos)
+            checked_end = self._checked_end(chunk, r, limit)
+            if checked_end > pos:
+                # Records already checked: straight from the file, many at once.
+                data = chunk.pread(checked_end - pos, pos)
+                if not data:
+                    break
+                parts.append(data)
+                pos += len(data)
+                continue
+            # Records not checked yet: read whole, checked, up to the first damaged one.
+            record_offset, length, _, _ = chunk.record_bounds(r)
+            data, intact_end = self._check_records(chunk, r, limit)
+            if intact_end <= pos:
+                if parts:
+                    break
+                raise SegmentDamaged(self.name, record_offset, record_offset + length)
+            piece = data[pos - record_offset : min(limit, intact_end) - record_offset]
+            parts.append(piece)
+            pos += len(piece)
+            if intact_end < limit:
+                break  # a damaged record follows
         return b"".join(parts)
+
+    def _check_records(self, chunk: Chunk, r: int, limit: int) -> tuple[bytes, int]:
+        """Read records ``r``, ``r+1``, ... of ``chunk`` up to the one holding byte
+        ``limit - 1``, whole and in one read, and check each (CRC, framing) until one is
+        damaged (it is marked so). The bytes read, from record ``r``'s start, and where
+        the intact ones end."""
+        offsets, events, formats, crcs = chunk.columns()
+        records = chunk.records
+        q = bisect.bisect_left(offsets, limit, r + 1, records)
+        start = offsets[r]
+        data = chunk.pread((offsets[q] if q < records else chunk.end) - start, start)
+        view = memoryview(data)
+        found = self._found_corrupt
+        intact_end = start
+        for i in range(r, q):
+            if i + 1 < records:
+                end, count = offsets[i + 1], events[i + 1] - events[i]
+            else:
+                end, count = chunk.end, chunk.next_event - events[i]
+            record = view[offsets[i] - start : end - start]
+            damaged = formats[i] == RecordFormat.CORRUPT or (found and offsets[i] in found)
+            if not damaged and not _intact(record, end - offsets[i], crcs[i], count):
+                damaged = True
+                self._note_corrupt(offsets[i])
+            self._was_checked(chunk, i)
+            if damaged:
+                formats[i] = RecordFormat.CORRUPT
+                break
+            intact_end = end
+        return data, intact_end
+
+    def _checked_end(self, chunk: Chunk, r: int, limit: int) -> int:
+        """Where the run of records from ``r`` that reads checked and found intact ends
+        (at most ``limit``); the start of record ``r`` if it is not one of them."""
+        offsets, _, formats, _ = chunk.columns()
+        checked = min(self._checked.get(chunk.start, 0), chunk.records)
+        found = self._found_corrupt
+        corrupt = RecordFormat.CORRUPT
+        q = r
+        while q < checked and offsets[q] < limit and formats[q] != corrupt:
+            if found and offsets[q] in found:
+                break
+            q += 1
+        end = offsets[q] if q < chunk.records else chunk.end
+        return min(end, limit)
 
     def read_events(
         self, first: int, max_count: int, max_bytes: int
@@ -336,16 +422,21 @@ class Segment:
 
     def _record(self, chunk: Chunk, r: int) -> tuple[RecordFormat, bytes, list[int]]:
         """Record ``r`` of ``chunk``: its format, data and event offsets, read and checked
-        once (a small cache in the store keeps them for sequential readers)."""
+        once (a small cache in the store keeps them for sequential readers). A record
+        recovery flagged, or that fails its CRC or framing, is ``(CORRUPT, b"", [])``."""
         offset, length, _, count = chunk.record_bounds(r)
         formats = chunk.columns()[2]
+        if formats[r] != RecordFormat.CORRUPT and offset in self._found_corrupt:
+            formats[r] = RecordFormat.CORRUPT  # found before the columns were reloaded
         if formats[r] == RecordFormat.CORRUPT:
+            self._was_checked(chunk, r)
             return RecordFormat.CORRUPT, b"", []
         cache = self._store.record_cache
         key = (self, offset)
         cached = cache.get(key)
         if cached is not None:
             cache.move_to_end(key)
+            self._was_checked(chunk, r)
             return cached
         data = chunk.pread(length, offset)
         found: list[int] | None = None
@@ -354,13 +445,20 @@ class Segment:
                 found = event_offsets(data)
             except ValueError:
                 found = None
-        if found is None or len(found) != count:
+        self._was_checked(chunk, r)
+        if found is None or len(found) != count:  # as _intact says
             formats[r] = RecordFormat.CORRUPT
             self._note_corrupt(offset)
             return RecordFormat.CORRUPT, b"", []
         result = (RecordFormat(formats[r]), data, found)
         self._store.cache_record(key, result, length)
         return result
+
+    def _was_checked(self, chunk: Chunk, r: int) -> None:
+        """Record ``r`` of ``chunk`` was checked (and, if damaged, marked so)."""
+        checked = self._checked
+        if checked.get(chunk.start, 0) == r:
+            checked[chunk.start] = r + 1
 
     def _note_corrupt(self, offset: int) -> None:
         if offset not in self._found_corrupt:
@@ -414,6 +512,12 @@ class Segment:
 
         return unsubscribe
 
+    @property
+    def observed(self) -> bool:
+        """Something follows this segment's appends (a durable destination does: the
+        segment is its, with its retention)."""
+        return bool(self._observers)
+
     def truncate_before(self, event_index: int) -> None:
         """The owner no longer needs events below ``event_index``: ``first_event`` moves
         there (reads below it raise SegmentTruncated) and whole chunk files entirely below
@@ -453,6 +557,8 @@ class Segment:
         if not chunks:
             return
         del self._chunks[: len(chunks)]
+        for chunk in chunks:
+            self._checked.pop(chunk.start, None)
         if moved:
             for _, on_truncate in tuple(self._observers):
                 if on_truncate is not None:
@@ -494,6 +600,17 @@ class Segment:
             "next_event": self.next_event,
             **self._stats,
         }
+
+
+def _intact(data: memoryview, length: int, crc: int, count: int) -> bool:
+    """A record's bytes are all there, match its CRC and frame exactly its ``count``
+    events."""
+    if len(data) != length or crc32(data) != crc:
+        return False
+    try:
+        return count_events(data) == count
+    except ValueError:
+        return False
 
 
 def _chunk_start(chunk: Chunk) -> int:
