@@ -296,11 +296,15 @@ def cmd_store_verify(args: argparse.Namespace) -> int:
     corrupt = sum(s.report.corrupt_records for s in segments)
     torn = sum(s.report.truncated_bytes for s in segments)
     verified = sum(s.report.verified_bytes for s in segments)
+    repairs = sum(s.report.repaired for s in segments)
     print(
         f"{directory}: {len(segments)} segments, {records} records, {verified} bytes "
         f"verified: {corrupt} corrupt records, {torn} bytes of torn tail"
+        + (f", {repairs} index repairs for the next start" if repairs else "")
     )
-    return 1 if damaged else 0
+    # A damaged record stays damaged (flagged in place, never delivered): 1 for as long
+    # as one exists, whoever found it, and for anything else that is not as written.
+    return 1 if damaged or corrupt or torn or repairs else 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import uuid
@@ -97,3 +98,62 @@ def test_the_data_dir_comes_from_the_config(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "scope/stream/0: events 0..10 (10)" in result.stdout
+
+
+async def make_crash_image(data_dir: Path) -> None:
+    """``make_store``'s segment, in one chunk, as a crash leaves it (copied while open:
+    no clean marker), in ``data_dir/store``."""
+    async with Store.open(data_dir / "original") as store:
+        segment = store.segment("scope/stream/0")
+        for n in range(1, 6):
+            segment.append(RECORD, 2, writer=WRITER, last_event_number=2 * n)
+        shutil.copytree(data_dir / "original", data_dir / "store")
+
+
+async def open_and_close(data_dir: Path) -> int:
+    """Start the store (recovery runs) and close it cleanly; its corrupt records."""
+    async with Store.open(data_dir / "store") as store:
+        return store.stats()["recovery_corrupt_records"]
+
+
+def verify(data_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "store", "verify", "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_verify_exits_1_while_a_record_recovery_flagged_is_there(tmp_path: Path) -> None:
+    trio.run(make_crash_image, tmp_path)
+    damage_second_record(tmp_path)
+    # Recovery verifies the chunks a crash may have torn and flags the record in place.
+    assert trio.run(open_and_close, tmp_path) == 1
+    result = verify(tmp_path)
+    assert result.returncode == 1, result.stdout
+    assert (
+        "scope/stream/0: corrupt record at byte 36 (events 2..3): flagged damaged before"
+        in result.stdout
+    )
+    assert "1 corrupt records" in result.stdout
+    # Another start changes nothing: the record is still damaged, still exit status 1.
+    assert trio.run(open_and_close, tmp_path) == 1
+    assert verify(tmp_path).returncode == 1
+
+
+def test_verify_exits_1_for_index_damage_until_a_start_repairs_it(tmp_path: Path) -> None:
+    trio.run(make_store, tmp_path)
+    (index, *_) = sorted((tmp_path / "store" / "segments" / "scope%2Fstream%2F0").glob("*.index"))
+    with open(index, "r+b") as f:
+        f.seek(20)
+        f.write(b"!")  # the header's start
+    result = verify(tmp_path)
+    assert result.returncode == 1
+    assert "index header of the chunk at byte 0 damaged: can be rebuilt" in result.stdout
+    assert "1 index repairs for the next start" in result.stdout
+    assert trio.run(open_and_close, tmp_path) == 0
+    result = verify(tmp_path)
+    assert result.returncode == 0, result.stdout
+    assert "5 records, 180 bytes verified: 0 corrupt records" in result.stdout
