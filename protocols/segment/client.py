@@ -121,7 +121,9 @@ class SegmentSealedError(SegmentError):
 
 
 class SegmentTruncatedError(SegmentError):
-    """The offset read is below the segment's retained start, :attr:`start_offset`."""
+    """The offset read is below the segment's retained start, :attr:`start_offset`; or,
+    from an Interchange gateway, inside a damaged record it never serves, which ends at
+    :attr:`start_offset`. Either way, reading may go on there."""
 
     def __init__(self, segment: str, message: str, start_offset: int) -> None:
         super().__init__(segment, message)
@@ -136,9 +138,11 @@ def refusal(command: Command) -> SegmentError:
     if isinstance(command, SegmentIsSealed):
         return SegmentSealedError(segment, f"segment {segment!r} is sealed")
     if isinstance(command, SegmentIsTruncated):
+        why = f": {command.server_stack_trace}" if command.server_stack_trace else ""
         return SegmentTruncatedError(
             segment,
-            f"segment {segment!r} starts at offset {command.start_offset}, after {command.offset}",
+            f"segment {segment!r} can be read from offset {command.start_offset}, not from "
+            f"{command.offset}{why}",
             command.start_offset,
         )
     if isinstance(command, ErrorMessage):

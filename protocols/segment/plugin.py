@@ -57,6 +57,25 @@ class SegmentPlugin(ProtocolPlugin):
         "auto_create": Option(
             "bool", True, "create a segment a SetupAppend names (else: NoSuchSegment)"
         ),
+        "max_segments": Option(
+            "int",
+            _DEFAULTS.max_segments,
+            "segments the store may hold (all count) for auto_create to make another;"
+            " beyond it: NoSuchSegment",
+            0,
+        ),
+        "retain": Option(
+            "size",
+            _DEFAULTS.retain_bytes,
+            "bytes each segment this listener creates keeps (oldest chunk files go)",
+            1024,
+        ),
+        "retain_age": Option(
+            "duration",
+            0.0,
+            "the longest each segment this listener creates keeps data (0: [store] retain_age)",
+            0,
+        ),
         "max_outstanding_bytes": Option(
             "size",
             _DEFAULTS.max_outstanding_bytes,
@@ -122,6 +141,9 @@ class SegmentPlugin(ProtocolPlugin):
         settings = ServerSettings(
             limits=Limits(max_writers=o["max_writers"]),
             auto_create=o["auto_create"],
+            max_segments=o["max_segments"],
+            retain_bytes=o["retain"],
+            retain_age=o["retain_age"] or None,
             max_outstanding_bytes=o["max_outstanding_bytes"],
             max_read_bytes=o["max_read_bytes"],
             read_wait=o["read_wait"],
@@ -156,6 +178,16 @@ def server_metrics(metrics: Metrics, listener: str) -> ServerMetrics:
         protocol_errors=metrics.counter(
             "segment_protocol_errors",
             "Connections closed for breaking the protocol or timing out.",
+            labels,
+        ).labels(listener),
+        damaged_reads=metrics.counter(
+            "segment_damaged_reads",
+            "Reads that started in a damaged record, answered SegmentIsTruncated past it.",
+            labels,
+        ).labels(listener),
+        segments_refused=metrics.counter(
+            "segment_creations_refused",
+            "SetupAppends for a new segment refused: the store holds max_segments segments.",
             labels,
         ).labels(listener),
     )

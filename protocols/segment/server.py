@@ -10,8 +10,11 @@ embedded :class:`~gateway.store.Store`:
   event number, but only once everything already written to the segment is
   durable: a writer reconnecting while its previous connection's appends
   still await their fsync must learn about them, or it would send them again.
-  A missing segment is created when ``auto_create`` allows, else the answer
-  is ``NoSuchSegment``.
+  A missing segment is created when ``auto_create`` allows and the store
+  holds fewer than ``max_segments`` segments, else the answer is
+  ``NoSuchSegment``. A segment the listener creates, or a plain one (no
+  durable destination's) it sets up without a retention of its own, gets the
+  listener's ``retain_bytes`` and ``retain_age``.
 * An append block is checked against the segment's writer ledger, which all
   connections share (a block whose first event number is not above the last
   one written gets ``InvalidEventNumber``, then the connection closes: a
@@ -21,7 +24,10 @@ embedded :class:`~gateway.store.Store`:
 * ``ReadSegment`` returns durable bytes only (a crash can never take back
   what a reader saw). A read at the durable end is held in a task of its own,
   so the connection keeps reading, until data becomes durable or
-  ``read_wait`` passes (then an empty ``SegmentRead`` at the tail).
+  ``read_wait`` passes (then an empty ``SegmentRead`` at the tail). Damaged
+  records are never read: a read reaching one returns the bytes before it, a
+  read starting in one is answered ``SegmentIsTruncated`` whose start offset
+  is the end of the damaged record, where the reader goes on.
 * Any other broken rule gets the codec's error reply, then the connection
   closes; other connections are not affected.
 """
@@ -41,6 +47,7 @@ from gateway.protocol import NotKept, RemoteProtocolError, Session
 from gateway.protocol.counts import NOTHING, Count
 from gateway.receipts import Receipt
 from gateway.store import Segment, SegmentTruncated, Store
+from gateway.store.segment import SegmentDamaged
 
 from .blocks import Append
 from .codec import Limits, SegmentProtocolError, ServerConnection
@@ -88,6 +95,10 @@ class ServerMetrics:
     read_bytes: Count = NOTHING
     #: Connections closed for breaking the protocol or timing out.
     protocol_errors: Count = NOTHING
+    #: Reads that started in a damaged record (answered ``SegmentIsTruncated`` past it).
+    damaged_reads: Count = NOTHING
+    #: ``SetupAppend``s refused because the store holds ``max_segments`` segments.
+    segments_refused: Count = NOTHING
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +106,13 @@ class ServerSettings:
     limits: Limits = field(default_factory=Limits)
     #: Create a segment a ``SetupAppend`` names when it does not exist.
     auto_create: bool = True
+    #: Segments the store may hold (all of them count) for ``auto_create`` to make another.
+    max_segments: int = 1000
+    #: Bytes each segment the listener creates keeps (None: no bound); whole chunk
+    #: files go, oldest first.
+    retain_bytes: int | None = 2**30
+    #: Seconds each segment the listener creates keeps data (None: the store's).
+    retain_age: float | None = None
     #: Bytes appended and not yet acked above which reading stops.
     max_outstanding_bytes: int = 16 * 2**20
     #: The most bytes one ``SegmentRead`` returns (the client's suggestion may be lower).
@@ -208,26 +226,55 @@ class ServerSession(Session):
         )
 
     def _segment(self, name: str, *, create: bool, request: SetupAppend) -> Segment | None:
-        """The segment a setup names (created if allowed); None once refused on the wire."""
+        """The segment a setup names (created if allowed, with the listener's retention);
+        None once refused on the wire."""
         rid = request.request_id
         if not name:
             self.write(self.codec.send(NoSuchSegment(rid, name, "", -1)))
             return None
-        try:
-            segment = self.store.segment(name, create=create)
-        except OSError as e:
-            self.log.warning("cannot create segment %r: %s", name, e)
-            self.write(
-                self.codec.send(
-                    ErrorMessage(rid, name, f"cannot create the segment: {e.strerror or e}", -1)
+        store = self.store
+        segment = store.segment(name, create=False)
+        if segment is None and create:
+            held = len(store.names())
+            if held >= self.settings.max_segments:
+                self.metrics.segments_refused.inc()
+                self.log.warning(
+                    "segment %r not created: the store holds %d segments (max_segments %d)",
+                    name,
+                    held,
+                    self.settings.max_segments,
                 )
-            )
-            return None
-        except trio.ClosedResourceError:
-            raise NotKept("the store is closed") from None
+                reason = (
+                    f"not created: the store holds {held} segments, this listener's "
+                    f"max_segments is {self.settings.max_segments}"
+                )
+                self.write(self.codec.send(NoSuchSegment(rid, name, reason, -1)))
+                return None
+            try:
+                segment = store.segment(name)
+            except OSError as e:
+                self.log.warning("cannot create segment %r: %s", name, e)
+                self.write(
+                    self.codec.send(
+                        ErrorMessage(rid, name, f"cannot create the segment: {e.strerror or e}", -1)
+                    )
+                )
+                return None
+            except trio.ClosedResourceError:
+                raise NotKept("the store is closed") from None
+            self._retain(segment)
+        elif segment is not None and segment.retain_bytes is None and not segment.observed:
+            self._retain(segment)  # a plain segment, from before a restart
         if segment is None:
             self.write(self.codec.send(NoSuchSegment(rid, name, "", -1)))
         return segment
+
+    def _retain(self, segment: Segment) -> None:
+        """Bound ``segment`` by the listener's retention, as any segment is bounded."""
+        settings = self.settings
+        segment.retain_bytes = settings.retain_bytes
+        if settings.retain_age is not None:
+            segment.retain_age = settings.retain_age
 
     async def _append(self, append: Append) -> None:
         segment = self.store.segment(append.segment, create=False)
@@ -336,6 +383,11 @@ class ServerSession(Session):
                 data = segment.read(offset, min(limit, durable - offset))
             except SegmentTruncated as e:  # retention moved the start since it was checked
                 return self.codec.send(SegmentIsTruncated(rid, name, e.start, "", offset))
+            except SegmentDamaged as e:
+                # Never served: the reader goes on after it, as after a truncation (the
+                # store logged the record once, and counts it in corrupt_records).
+                self.metrics.damaged_reads.inc()
+                return self.codec.send(SegmentIsTruncated(rid, name, e.end, str(e), offset))
         self.metrics.read_bytes.inc(len(data))
         at_tail = offset + len(data) >= durable
         return self.codec.send(SegmentRead(name, offset, at_tail, False, data, rid))
