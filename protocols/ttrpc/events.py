@@ -59,6 +59,9 @@ class BadInput:
     stream_id: int
     status: Status
     ends_stream: bool = False
+    #: For the driver's log, never sent: a proxy names here the ``service/method`` whose
+    #: client messages it does not relay (not among the upstream's ``client_streaming``).
+    note: str = ""
 
 
 ServerEvent = Call | Message | HalfClosed | BadInput

@@ -81,17 +81,17 @@ class ServerConnection(FramedConnection[ServerEvent]):
             request = ttrpc_pb2.Request.FromString(frame.data)
         except DecodeError as e:
             return BadInput(sid, statuses.unmarshal_request(str(e) or "invalid wire-format data"))
+        return self._opened(sid, request, frame)
+
+    def _opened(self, sid: int, request: ttrpc_pb2.Request, frame: Frame) -> ServerEvent | None:
+        """Open the stream and make its event (a proxy may take the stream itself, keep
+        its state its own way and return None)."""
         flags = frame.flags
         client_streams = bool(flags & Flags.REMOTE_OPEN)
         unary = not flags & (Flags.REMOTE_OPEN | Flags.REMOTE_CLOSED)
         state = StreamState.OPEN if client_streams else StreamState.REMOTE_CLOSED
         self._streams[sid] = _Stream(state, unary)
-        return self._opened(sid, request, frame)
-
-    def _opened(self, sid: int, request: ttrpc_pb2.Request, frame: Frame) -> ServerEvent | None:
-        """The event of a stream that just opened (a proxy may take the stream itself
-        and return None)."""
-        return Call(sid, request, frame.flags, bool(frame.flags & Flags.REMOTE_OPEN), frame.data)
+        return Call(sid, request, flags, client_streams, frame.data)
 
     def _data(self, frame: Frame) -> ServerEvent | None:
         sid = frame.stream_id

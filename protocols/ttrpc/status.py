@@ -27,6 +27,7 @@ __all__ = [
     "id_reused",
     "oversize",
     "status_of",
+    "stream_closed",
     "stream_inactive",
     "unknown_method",
     "unknown_service",
@@ -127,6 +128,11 @@ def id_reused() -> Status:
 
 def stream_inactive() -> Status:
     return Status(Code.INVALID_ARGUMENT, "StreamID is no longer active")
+
+
+def stream_closed() -> Status:
+    """A message on a stream the client already closed (its handler still running)."""
+    return Status(Code.INVALID_ARGUMENT, "data handling error: ttrpc: stream closed")
 
 
 def data_after_close() -> Status:

@@ -212,6 +212,9 @@ def test_the_go_server_s_texts_for_bad_input() -> None:
     assert statuses.id_not_odd().message == "StreamID must be odd for client initiated streams"
     assert statuses.id_reused().message == "StreamID cannot be re-used and must increment"
     assert statuses.stream_inactive().message == "StreamID is no longer active"
+    assert statuses.stream_closed() == Status(
+        Code.INVALID_ARGUMENT, "data handling error: ttrpc: stream closed"
+    )
     assert statuses.unknown_method("Nope") == Status(Code.UNIMPLEMENTED, "method Nope")
     assert statuses.deadline_exceeded() == Status(
         Code.DEADLINE_EXCEEDED, "context deadline exceeded"
