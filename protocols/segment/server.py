@@ -42,6 +42,7 @@ from uuid import UUID
 
 import trio
 
+from gateway.errors import StorageFull
 from gateway.model import Outcome
 from gateway.protocol import NotKept, RemoteProtocolError, Session
 from gateway.protocol.counts import NOTHING, Count
@@ -281,16 +282,7 @@ class ServerSession(Session):
         if segment is None:  # pragma: no cover - segments are never deleted while running
             raise NotKept(f"segment {append.segment!r} is gone")
         writer = append.writer_id
-        first = append.last_event_number - append.event_count + 1
-        last = segment.last_event_number(writer, durable=False)
-        if last is not None and first <= last:
-            # Another connection of the same writer (or an earlier one on this)
-            # stored these numbers already: storing them again would duplicate events.
-            raise SegmentProtocolError(
-                f"writer {writer}: events {first}..{append.last_event_number} are not above"
-                f" {last}, the last event number stored in segment {append.segment!r}",
-                InvalidEventNumber(writer, append.request_id, "", append.last_event_number),
-            )
+        _check_numbers(segment, append)
         block = _Block(append, self._setups.get(writer), len(append.data))
         await self.submit(
             functools.partial(self._store, segment, block), functools.partial(self._answer, block)
@@ -302,18 +294,26 @@ class ServerSession(Session):
             await self._acked.park()
 
     async def _store(self, segment: Segment, block: _Block) -> Receipt:
-        """Write the block; its receipt settles once it is durable."""
+        """Write the block; its receipt settles once it is durable. While the disk is
+        full the block waits for room (the connection is not read meanwhile, its writer
+        not acked), then it is written; numbers another connection of the same writer
+        stored meanwhile are refused as they would have been at once."""
         append = block.append
-        try:
-            appended = segment.append(
-                append.data,
-                append.event_count,
-                writer=append.writer_id,
-                last_event_number=append.last_event_number,
-                verified=True,  # the codec counted its frames (assemble)
-            )
-        except trio.ClosedResourceError:
-            raise NotKept("the store is closed") from None
+        while True:
+            try:
+                appended = segment.append(
+                    append.data,
+                    append.event_count,
+                    writer=append.writer_id,
+                    last_event_number=append.last_event_number,
+                    verified=True,  # the codec counted its frames (assemble)
+                )
+                break
+            except trio.ClosedResourceError:
+                raise NotKept("the store is closed") from None
+            except StorageFull as full:
+                await full.room()
+                _check_numbers(segment, append)
         block.end = appended.end
         receipt = Receipt(1)
         receipt.add_legs()
@@ -391,3 +391,18 @@ class ServerSession(Session):
         self.metrics.read_bytes.inc(len(data))
         at_tail = offset + len(data) >= durable
         return self.codec.send(SegmentRead(name, offset, at_tail, False, data, rid))
+
+
+def _check_numbers(segment: Segment, append: Append) -> None:
+    """Refuse an append whose events are not above the last number its writer stored:
+    another connection of the same writer (or an earlier one on this) stored them
+    already, and storing them again would duplicate events."""
+    writer = append.writer_id
+    first = append.last_event_number - append.event_count + 1
+    last = segment.last_event_number(writer, durable=False)
+    if last is not None and first <= last:
+        raise SegmentProtocolError(
+            f"writer {writer}: events {first}..{append.last_event_number} are not above"
+            f" {last}, the last event number stored in segment {append.segment!r}",
+            InvalidEventNumber(writer, append.request_id, "", append.last_event_number),
+        )
