@@ -10,6 +10,7 @@ from harness import receive_now, settle, start
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import gateway.budget
 from gateway.budget import MemoryBudget
 from gateway.destination import Subscription
 from gateway.hub import Hub, HubLimits
@@ -159,3 +160,90 @@ def test_the_budget_always_equals_what_groups_hold(ops: list[tuple[str, int, int
             assert budget.used == held
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+# -- what a connection may take on -----------------------------------------------------
+
+
+def test_room_is_what_the_budget_has_left_but_never_less_than_the_floor() -> None:
+    budget = MemoryBudget(100)
+    a, b = budget.account(100), budget.account(100)
+    assert a.room() > budget.limit  # an empty budget: anything fits
+    a.hold(30)
+    assert a.room() > budget.limit  # its only holder is bounded by its own limit alone
+    b.hold(60)
+    assert (a.room(), b.room(), a.room(floor=50)) == (10, 10, 20)
+    b.hold(90)
+    assert (a.room(), a.room(floor=50), a.room(floor=10)) == (-20, 20, -20)
+
+
+def test_only_a_holder_above_its_floor_in_an_exhausted_budget_waits() -> None:
+    budget = MemoryBudget(100)
+    a, b = budget.account(100), budget.account(100)
+    a.hold(120)
+    assert not a.must_wait()  # alone: nothing else could ever make room for it
+    b.hold(1)
+    assert a.must_wait()
+    assert a.must_wait(floor=119)
+    assert not a.must_wait(floor=120)
+    assert not b.must_wait(floor=1)
+    a.hold(90)
+    assert not a.must_wait()  # 91 < 100
+
+
+async def test_a_waiting_holder_goes_on_once_another_releases() -> None:
+    budget = MemoryBudget(100)
+    a, b = budget.account(100), budget.account(100)
+    a.hold(60)
+    b.hold(50)
+    async with trio.open_nursery() as nursery:
+        waiting = start(nursery, a.wait_for_room, 10)
+        await settle()
+        assert not waiting.done
+        b.hold(30)
+        await settle()
+        assert waiting.done
+
+
+# -- giving freed memory back ----------------------------------------------------------
+
+
+async def test_a_large_release_trims_the_heap_once_per_interval(
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
+) -> None:
+    trims: list[float] = []
+    monkeypatch.setattr(gateway.budget, "trim_heap", lambda: trims.append(trio.current_time()))
+    budget = MemoryBudget(10**9, trim_after=100)
+    account = budget.account(10**9)
+    account.hold(1000)
+    account.hold(950)  # 50 below the level: no trim
+    await trio.sleep(5)
+    assert trims == []
+    assert budget.trims == 0
+    start_at = trio.current_time()
+    account.hold(800)  # 200 below the level of 1000: trimmed after the interval
+    account.hold(0)  # the same burst: trimmed once
+    await trio.sleep(gateway.budget.TRIM_INTERVAL / 2)
+    assert trims == []
+    await trio.sleep(gateway.budget.TRIM_INTERVAL)
+    assert trims == [start_at + gateway.budget.TRIM_INTERVAL]
+    assert budget.trims == 1
+    account.hold(1000)
+    account.hold(0)  # a new level, a new release: trimmed again, a second later
+    await trio.sleep(5 * gateway.budget.TRIM_INTERVAL)
+    assert len(trims) == 2
+    account.hold(50)
+    account.hold(0)  # small: not trimmed
+    await trio.sleep(5 * gateway.budget.TRIM_INTERVAL)
+    assert len(trims) == 2
+
+
+def test_the_heap_can_be_trimmed() -> None:
+    assert gateway.budget.trim_heap() is (gateway.budget._TRIM is not None)
+
+
+def test_a_budget_outside_trio_releases_without_trimming() -> None:
+    budget = MemoryBudget(10**9, trim_after=1)
+    budget.charge(100)
+    budget.release(100)
+    assert (budget.used, budget.trims) == (0, 0)

@@ -35,6 +35,15 @@ class ReceiveBuffer:
         """How many received bytes are not parsed yet."""
         return len(self.data) - self.pos
 
+    @property
+    def allocated(self) -> int:
+        """Bytes the buffer really holds while any are unparsed: the unparsed ones, the
+        parsed ones not dropped yet (fewer than those) and the ``bytearray``'s spare
+        room. 0 when nothing is unparsed (the buffer is then empty). What a codec
+        charges to the memory budget, not :func:`len`, which can be half of it."""
+        data = self.data
+        return data.__alloc__() if len(data) > self.pos else 0
+
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Add received bytes; ``b""`` means the peer closed its sending side."""
         if not data:
