@@ -23,9 +23,13 @@ do with each event (:meth:`Session.handle`); the skeleton does the rest once:
 * **the runtime's guard** (:mod:`.guard`, found on the stream): useful progress
   (:meth:`useful` events, answers written, :meth:`progress`) restarts the
   idle timeout, bytes alone do not; what the codec holds partly received
-  (``held_bytes``) is charged to the gateway's memory budget, a peer needing
-  more than the connection's limit is refused with a protocol error, and while
-  the budget is exhausted a connection holding partial input stops reading;
+  (``held_bytes``, as allocated) is charged to the gateway's memory budget, a
+  peer needing more than the connection's limit is refused with a protocol
+  error, and while the budget is exhausted a connection holding more than
+  ``memory_floor`` of partial input stops reading (a codec that allocates much
+  per read, by inflating, asks :meth:`Session.room` before each large step and
+  waits too); a peer that hangs up meanwhile is noticed, and its partial input
+  dropped;
 * **end of input, shutdown and errors**: when the peer closes, what is owed
   is still answered if it settles within ``linger`` seconds; then whatever is
   left is *abandoned* (its receipts settle as failed; nothing more is
@@ -48,11 +52,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import trio
 
+from gateway.budget import Account
 from gateway.errors import RemoteProtocolError, first_leaf
 from gateway.receipts import Receipt
 from gateway.transports.nowait import NowaitSender, nowait_sender
@@ -97,8 +103,13 @@ class Codec(Protocol):
 
     @property
     def held_bytes(self) -> int:
-        """Bytes of received input held and not yet returned as events: unparsed
-        bytes, a partly received unit (inflated data included)."""
+        """Bytes of received input held and not yet returned as events, as allocated:
+        unparsed bytes, a partly received unit (inflated data and the objects built
+        for its parts included). 0 when nothing is partly received.
+
+        A codec may also have an attribute ``room``, set to None: the session then
+        sets it to :meth:`Session.room`, which the codec asks before a step that
+        allocates much (inflating), waiting while it says 0 or less."""
         ...
 
 
@@ -128,6 +139,7 @@ class Session:
         linger: float = LINGER,
         high_water: int = HIGH_WATER,
         receive_size: int = RECEIVE_SIZE,
+        memory_floor: int | None = None,
     ) -> None:
         self.stream = stream
         self.codec = codec
@@ -145,6 +157,13 @@ class Session:
         self.guard = guard_of(stream)
         self.high_water = high_water
         self.receive_size = receive_size
+        #: Partial input a connection may always hold, whatever the budget says (so
+        #: that small units keep flowing while it is exhausted); one read by default.
+        self.memory_floor = receive_size if memory_floor is None else memory_floor
+        #: The connection's share of the memory budget (None: not counted).
+        self._account = self.guard.account if self.guard is not None else None
+        if self._account is not None and getattr(codec, "room", False) is None:
+            codec.room = self.room  # type: ignore[attr-defined]
         self.answers = Answers(max_answers, ordered=ordered, wake=self._wake_writer)
         #: The session's nursery, for the protocol's own tasks (pumps, send loops).
         self.nursery: trio.Nursery
@@ -181,6 +200,8 @@ class Session:
         self._in_receive = False
         #: The peer closed its side (end of input, or a hang-up seen without reading).
         self._peer_left = False
+        #: The reader waits for room in the memory budget.
+        self._awaiting_memory = False
 
     # -- what a protocol overrides ----------------------------------------------------
     async def handle(self, event: Any) -> None:
@@ -225,6 +246,15 @@ class Session:
     def error_reply(self, error: RemoteProtocolError) -> bytes | None:
         """The protocol's error frame for ``error``, sent before closing (None: none)."""
         return None
+
+    def finished(self) -> None:
+        """:meth:`run` is ending, however it ends (nothing by default).
+
+        The session and its codec often sit in a reference cycle with the
+        error that ended them (its traceback's frames) until the garbage
+        collector's next full pass: a protocol whose codec may hold much (a
+        half-received window) drops it here, so that it is freed at once.
+        """
 
     # -- what a protocol calls ------------------------------------------------------------
     def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -329,6 +359,31 @@ class Session:
     def clear_deadline(self) -> None:
         self.set_deadline(math.inf, "")
 
+    def room(self) -> int:
+        """Bytes of partial input the codec may still take on before it must wait for
+        memory (``sys.maxsize``: no budget, or this connection is its only holder).
+
+        Charges what the codec holds now first; past the connection's own limit
+        it raises the protocol error the reader would (the peer is closed,
+        reason ``memory``). A codec asks it before each large allocation; 0 or
+        less means: keep the input as it is and return ``NEED_DATA``, the
+        reader waits for room and asks the codec again before reading on.
+        """
+        account = self._account
+        if account is None:
+            return sys.maxsize
+        self._charge(account)
+        return account.room(self.memory_floor)
+
+    def _charge(self, account: Account) -> None:
+        held = self.codec.held_bytes
+        if held > account.limit:
+            raise _OverBudget(
+                f"{held} bytes of partly received input exceed the connection's"
+                f" memory limit of {account.limit} bytes"
+            )
+        account.hold(held)
+
     def stop(self) -> None:
         """Stop reading; :meth:`run` returns once every answer owed is written."""
         self._stop_reading = True
@@ -420,6 +475,7 @@ class Session:
                 nursery.cancel_scope.cancel()
         finally:
             self._send_nowait = None
+            self.finished()
             if guard is not None and guard.account is not None:
                 guard.account.hold(0)
 
@@ -430,11 +486,13 @@ class Session:
         useful = self.useful
         answers = self.answers
         guard = self.guard
-        account = guard.account if guard is not None else None
+        account = self._account
+        floor = self.memory_floor
         # A cancel scope per read costs more than the read of a few small frames: only
         # a session whose reads can time out has one.
         timed = self.timed_reads or bool(self.unit_timeout)
         scope: trio.CancelScope | None = None
+        data: bytes | bytearray | None
         while True:
             if answers.full:
                 await self._pause()
@@ -445,24 +503,31 @@ class Session:
                     # and the unit is still partial, so this one loses at once.
                     scope.cancel()
             with scope or _UNTIMED:
-                if (
-                    account is not None
-                    and account.held > self.receive_size
-                    and account.budget.exhausted
-                ):
+                if account is not None and account.must_wait(floor):
                     # Large partial input waits for room; its unit deadline still runs,
                     # so connections that cannot finish in time free what they hold.
                     # A little (a cut ack line) never waits: acks are what free memory.
-                    await account.budget.wait_for_room()
-                self._in_receive = True
-                try:
-                    data = await stream.receive_some(self.receive_size)
-                finally:
-                    self._in_receive = False
+                    self._awaiting_memory = True
+                    try:
+                        await account.wait_for_room(floor)
+                    finally:
+                        self._awaiting_memory = False
+                        if self._progress:
+                            self._progress.unpark_all()
+                    # The codec may have stopped for room with input in hand: it goes
+                    # on with that before anything more is read.
+                    data = None
+                else:
+                    self._in_receive = True
+                    try:
+                        data = await stream.receive_some(self.receive_size)
+                    finally:
+                        self._in_receive = False
             self._read_scope = None
             if scope is not None and scope.cancelled_caught:
                 raise trio.TooSlowError(self._unit_expired or self._deadline_reason)
-            codec.receive_data(data)
+            if data is not None:
+                codec.receive_data(data)
             progressed = False
             while True:
                 event = codec.next_event()
@@ -478,17 +543,11 @@ class Session:
                     return
                 if not progressed and useful(event):
                     progressed = True
-            if not data:  # a codec that says nothing more after the end of input
+            if data is not None and not data:  # a codec that says nothing more after the end
                 self._end_of_input()
                 return
             if account is not None:
-                held = codec.held_bytes
-                if held > account.limit:
-                    raise _OverBudget(
-                        f"{held} bytes of partly received input exceed the connection's"
-                        f" memory limit of {account.limit} bytes"
-                    )
-                account.hold(held)
+                self._charge(account)
             if progressed and guard is not None:
                 guard.progress()
             self.received()
@@ -517,16 +576,27 @@ class Session:
         self.nursery.cancel_scope.cancel()
 
     async def _watch_hangup(self, hung_up: Callable[[], bool]) -> None:
-        """Notice a peer that hung up while the reader is held up by backpressure."""
+        """Notice a peer that hung up while the reader is held up by backpressure (work
+        pending, or partial input waiting for memory)."""
         while True:
             await trio.sleep(HANGUP_CHECK)
             if self._peer_left:
                 return
-            if not self._in_receive and self.pending() and hung_up():
+            if not self._in_receive and (self._awaiting_memory or self.pending()) and hung_up():
                 break
         self._peer_left = True
-        self.log.info("the peer hung up while work is pending")
+        self.log.info("the peer hung up while work is pending or input waits for memory")
         await self._linger()
+        if self._awaiting_memory:
+            # Its partial unit could only be finished, once there is room, by what it sent
+            # before leaving; under memory pressure, what it holds is freed now instead
+            # (nothing of it was answered: its sender resends it).
+            self.log.info(
+                "the peer hung up with %d bytes of partial input waiting for memory; dropped",
+                self.codec.held_bytes,
+            )
+            self._abandon("its sender hung up")
+            return
         # Everything owed was answered in time: the reader goes on to the end of input.
 
     def _unit_check(self) -> None:
