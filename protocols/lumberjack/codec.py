@@ -21,16 +21,29 @@ receive buffer with ``struct.unpack_from`` at an offset (no reslicing per
 frame, no object per event but the ``(seq, payload)`` tuple) and hands each
 frame to its step. ``_json_run`` reads a whole run of ``J`` frames, the bulk
 of any Beats window, in one tight loop; ``_data`` reads a ``D`` frame,
-``_window`` a ``W``; ``_compressed`` inflates a ``C`` frame once all of it
-is buffered, with ``decompressobj().decompress(data, max_length)`` in
-bounded steps so that a zip bomb is refused after at most
-``min(max_inflated, max_ratio * len)`` bytes, and parses the inflated bytes
-with the same loop (recursively, for nested ``C``), where a frame cut short
-is an error. A step that meets an incomplete frame says how many bytes it
-needs, so a large frame arriving in small pieces is not re-parsed per piece;
-the length fields of a ``D`` frame are scanned with a resumable cursor for
-the same reason. Every length is checked against :class:`Limits` before
-anything is allocated or buffered for it.
+``_window`` a ``W``. A ``C`` frame is inflated as its bytes arrive
+(``_stream``), never buffered whole: each read's compressed bytes go through
+one ``decompressobj`` in pieces of at most 256 KiB
+(``decompress(data, max_length)``), so that a zip bomb is refused after at
+most ``min(max_inflated, max_ratio * len)`` bytes and a window never inflates
+past ``max_window_bytes``, and each piece is parsed with the same loop; a
+frame cut between two pieces is completed in a small carry. Windows that
+complete inside a ``C`` frame are returned once its zlib stream has ended and
+checked out. A ``C`` frame nested in another is inflated whole. A step that
+meets an incomplete frame says how many bytes it needs, so a large frame
+arriving in small pieces is not re-parsed per piece; the length fields of a
+``D`` frame are scanned with a resumable cursor for the same reason. Every
+length is checked against :class:`Limits` before anything is allocated or
+buffered for it.
+
+Memory: :attr:`ServerCodec.held_bytes` is what the codec really holds for a
+window that is not whole (the receive buffer as allocated, the events' bytes
+and their Python objects, the decompressor's state, what waits for room),
+measured with tracemalloc (tests/lumberjack/test_lumberjack_memory.py). A
+driver that charges a memory budget sets :attr:`ServerCodec.room`; the codec
+asks it before reading frames into events and before each inflated piece,
+and while it says 0 or less keeps its input as it is (compressed) and returns
+``NEED_DATA``; asked again once there is room, it goes on with no new input.
 
 A peer breaking the protocol raises :class:`~gateway.errors.RemoteProtocolError`
 and puts the codec in :attr:`State.ERROR`; the driver closes the connection
@@ -44,9 +57,9 @@ import operator
 import types
 import zlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, NoReturn
+from typing import Any, Final, NoReturn
 
 from gateway.protocol import (
     NEED_DATA,
@@ -79,13 +92,37 @@ try:  # ISA-L inflates zlib streams about twice as fast as zlib does
 except ImportError:  # pragma: no cover - a platform without an isal wheel
     _inflating = zlib
 
-__all__ = ["NEED_DATA", "ClientCodec", "Limits", "ServerCodec", "State"]
+__all__ = [
+    "EVENT_OVERHEAD",
+    "INFLATER_STATE",
+    "NEED_DATA",
+    "ClientCodec",
+    "Limits",
+    "ServerCodec",
+    "State",
+]
 
 
 _SEQ: Final = operator.itemgetter(0)
 
-#: Largest piece inflated per ``decompress`` call (the bound is checked per piece).
-_INFLATE_STEP: Final = 1 << 20
+#: Largest piece inflated per ``decompress`` call: the bounds, and the driver's
+#: room (:attr:`ServerCodec.room`), are checked before each piece.
+_INFLATE_STEP: Final = 256 * 1024
+
+# What the objects the codec builds cost beyond the frame bytes it counts, measured
+# with CPython 3.11's allocators (see docs/limits.md): an event of a window being
+# received is a tuple (56 bytes), a sequence number (28) and a bytes object's
+# header (33) or a dict, in a list (8), each rounded up to 16 bytes; 125 to 141
+# bytes were measured, less the 10-byte frame header already counted.
+EVENT_OVERHEAD: Final = 144
+#: A ``D`` event's dict ...
+D_OVERHEAD: Final = 160
+#: ... and per key/value pair, two str objects and the dict's entry (an event of
+#: 1, 4 and 16 pairs took 397, 665 and 2222 bytes beyond its frame bytes).
+PAIR_OVERHEAD: Final = 120
+#: What a decompressor holds while a ``C`` frame is inflated piece by piece:
+#: zlib's state and 32 KiB window come to about 41 KiB, ISA-L's to about 56.
+INFLATER_STATE: Final = 64 * 1024
 
 
 class State(enum.Enum):
@@ -212,31 +249,65 @@ class ServerCodec:
         while (event := codec.next_event()) is not NEED_DATA:
             ...                               # a Window, or ConnectionClosed
         wire = codec.send(Ack(window.version, window.highest_seq))
+
+    A driver that charges a memory budget sets :attr:`room`: the codec asks it
+    before each step that allocates much (reading a run of frames into events,
+    inflating the next piece of a ``C`` frame) and waits, keeping what it
+    received as it is, while it says 0 or less.
     """
 
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = Limits() if limits is None else limits
+        #: How many more bytes the codec may hold (see :attr:`held_bytes`) before it
+        #: must wait; asked before each large step. None: no limit. While it says 0
+        #: or less, :meth:`next_event` returns NEED_DATA with the input kept; call it
+        #: again once there is room (no new data is needed).
+        self.room: Callable[[], int] | None = None
         self._state = State.OPEN
         self._buffer = ReceiveBuffer()
-        #: Bytes needed from the buffer's ``pos`` before parsing can make progress.
+        #: Bytes needed from the buffer's ``pos`` before parsing can make progress
+        #: (0: parse at the next call whatever arrived, to resume after a wait for room).
         self._need = 1
         #: Resume point ``(offset, blobs left)`` of a partly received ``D`` frame.
         self._dscan: tuple[int, int] | None = None
-        #: Windows parsed and not yet returned.
+        #: Windows parsed and not yet returned, and what they hold ...
         self._ready: deque[Window] = deque()
-        #: Windows returned and not yet acked, oldest first.
-        self._awaiting: deque[Window] = deque()
+        self._ready_bytes = 0
+        #: ... of which the last ones completed inside the ``C`` frame being inflated:
+        #: returned only once its zlib stream ended and checked out.
+        self._unchecked = 0
+        #: ``(version, highest_seq)`` of the windows returned and not yet acked, oldest
+        #: first (not the windows: their events are freed once handed off).
+        self._awaiting: deque[tuple[int, int]] = deque()
         # The window being received; ``_remaining == 0`` means none is.
         self._events: list[tuple[int, bytes | dict[str, str]]] = []
         self._remaining = 0
         self._highest = 0
-        #: Frame bytes of the events of the window being received.
+        #: Frame bytes of the events of the window being received (``max_window_bytes``) ...
         self._window_bytes = 0
+        #: ... and what their Python objects cost beyond those bytes.
+        self._overhead = 0
         self._win_version = VERSION_2
         self._win_size = 0
         #: Size of the last non-empty ``W``: data frames after a full window
         #: start a window of this size. 0 while no ``W`` was seen.
         self._sticky = 0
+        # The C frame being inflated as it arrives (``_inflater is None``: none is).
+        self._inflater: Any = None
+        #: Its compressed bytes still to come from the buffer, and its inflation bound.
+        self._c_left = 0
+        self._c_bound = 0
+        self._c_size = 0
+        #: Bytes inflated from it so far.
+        self._c_out = 0
+        #: Compressed bytes taken from the buffer and not inflated yet (waiting for room).
+        self._tail: bytes = b""
+        #: The last piece filled its limit: more may come out without more input.
+        self._more = False
+        #: Inflated bytes not parsed yet (a frame cut between two pieces) ...
+        self._carry = bytearray()
+        #: ... and how many it needs before parsing it can make progress.
+        self._carry_need = 0
         #: Bytes inflated from ``C`` frames so far (for metrics).
         self.inflated_bytes = 0
 
@@ -249,13 +320,21 @@ class ServerCodec:
     @property
     def in_window(self) -> bool:
         """True while a window or a frame is partly received (time it out)."""
-        return self._state is State.OPEN and (self._remaining > 0 or len(self._buffer) > 0)
+        return self._state is State.OPEN and (
+            self._remaining > 0 or len(self._buffer) > 0 or self._inflater is not None
+        )
 
     @property
     def held_bytes(self) -> int:
-        """Bytes held before a window is returned: unparsed input and the events of
-        the window being received (inflated ones included)."""
-        return len(self._buffer) + self._window_bytes
+        """What the codec holds of received input before a window is returned, as
+        allocated: the receive buffer, the window being received (its frame bytes and
+        the objects built for its events), windows parsed and not returned, and for a
+        ``C`` frame being inflated its decompressor, its compressed bytes waiting for
+        room and the inflated bytes of a frame cut between two pieces."""
+        held = self._buffer.allocated + self._window_bytes + self._overhead + self._ready_bytes
+        if self._inflater is not None:
+            held += INFLATER_STATE + len(self._tail) + len(self._carry)
+        return held
 
     # -- input ----------------------------------------------------------------
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
@@ -271,7 +350,7 @@ class ServerCodec:
         if self._state is State.ERROR:
             raise LocalProtocolError("the connection is in the ERROR state")
         ready = self._ready
-        if not ready:
+        if len(ready) <= self._unchecked:
             if self._state is State.CLOSED:
                 return ConnectionClosed()
             buf = self._buffer
@@ -282,27 +361,39 @@ class ServerCodec:
                 except RemoteProtocolError:
                     self._fail()
                     raise
-            if not ready:
+            if len(ready) <= self._unchecked:
                 if not buf.eof:
                     return NEED_DATA
                 self._state = State.CLOSED
                 self._discard()
                 return ConnectionClosed()
         window = ready.popleft()
-        self._awaiting.append(window)
+        self._ready_bytes -= window.held
+        self._awaiting.append((window.version, window.highest_seq))
         return window
+
+    def discard(self) -> None:
+        """Drop everything received and held, and whatever is received from now on
+        (the connection is over; windows already returned can still be acked)."""
+        if self._state is State.OPEN:
+            self._state = State.CLOSED
+        self._discard()
+        self._ready.clear()
+        self._ready_bytes = self._unchecked = 0
 
     def _fail(self) -> None:
         self._state = State.ERROR
         self._discard()
         self._ready.clear()
+        self._ready_bytes = self._unchecked = 0
 
     def _discard(self) -> None:
         self._buffer.discard()
         self._events = []
-        self._window_bytes = 0
+        self._window_bytes = self._overhead = 0
         self._remaining = 0
         self._dscan = None
+        self._end_stream()
 
     # -- output ---------------------------------------------------------------
     def send(self, event: Ack) -> bytes:
@@ -322,15 +413,15 @@ class ServerCodec:
         awaiting = self._awaiting
         if not awaiting:
             raise LocalProtocolError(f"{event!r}, but no window awaits an ack")
-        window = awaiting[0]
-        if event.version != window.version:
-            raise LocalProtocolError(f"{event!r} for a window of version {window.version}")
-        if event.seq > window.highest_seq:
+        version, highest_seq = awaiting[0]
+        if event.version != version:
+            raise LocalProtocolError(f"{event!r} for a window of version {version}")
+        if event.seq > highest_seq:
             raise LocalProtocolError(
-                f"{event!r} beyond the window's highest sequence {window.highest_seq}"
+                f"{event!r} beyond the window's highest sequence {highest_seq}"
             )
         wire = encode_ack(event.version, event.seq)
-        if event.seq == window.highest_seq:
+        if event.seq == highest_seq:
             awaiting.popleft()
         return wire
 
@@ -339,13 +430,25 @@ class ServerCodec:
         """Read whole frames from ``data[p:end]``; return where reading stopped.
 
         ``depth`` 0: ``data`` is the receive buffer; stop after a window is
-        ready or at an incomplete frame (setting ``_need``). ``depth`` ≥ 1:
-        ``data`` is an inflated ``C`` payload, read to its end, where a cut
-        frame is an error. Each frame's step returns the offset after what it
-        read, or minus the bytes its frame needs from ``p``.
+        ready, at an incomplete frame (setting ``_need``) or when :attr:`room`
+        says to wait (``_need`` 0); a ``C`` frame is inflated as its bytes
+        arrive (:meth:`_stream`). ``depth`` 1: ``data`` is a piece of such a
+        frame's inflated bytes (or the carry); stop at a frame cut at its end
+        (setting ``_carry_need``). ``depth`` ≥ 2: ``data`` is a nested ``C``
+        payload inflated whole, read to its end, where a cut frame is an error.
+        Each frame's step returns the offset after what it read, or minus the
+        bytes its frame needs from ``p``.
         """
         top = not depth
         ready = self._ready
+        if top:
+            if self.room is not None and self.room() <= 0:
+                self._need = 0
+                return p
+            if self._inflater is not None:
+                p = self._stream(data, p, end)
+                if self._inflater is not None or ready:
+                    return p
         unpack10 = HEADER10.unpack_from
         need = 0
         while True:
@@ -360,40 +463,51 @@ class ServerCodec:
                 ver, typ, a = HEADER6.unpack_from(data, p)
                 b = 0
             if typ == FRAME_JSON:  # seq = a, length = b
-                q = self._json_run(data, p, end, ver, a, b, top)
+                q = self._json_run(data, p, end, ver, a, b)
             elif typ == FRAME_COMPRESSED:  # length = a
+                if top:  # inflated as it arrives
+                    self._start_stream(a)
+                    p = self._stream(data, p + 6, end)
+                    if self._inflater is not None or ready:
+                        return p
+                    continue
                 q = self._compressed(data, p, end, a, depth)
             elif typ == FRAME_WINDOW:  # size = a
                 self._window(ver, a)
                 q = p + 6
             elif typ == FRAME_DATA:  # seq = a, pairs = b
-                q = self._data(data, p, end, ver, a, b, top)
+                q = self._data(data, p, end, ver, a, b, depth < 2)
             else:
                 raise _bad_type(typ)
             if q < 0:
                 need = -q
                 break
             p = q
-            if top and ready:
+            if top and ready:  # (none is unchecked outside a C frame)
                 break
         if top:
             self._need = need
+        elif depth == 1:
+            self._carry_need = need
         elif p != end:
             raise RemoteProtocolError("a frame is cut short at the end of a C frame")
         return p
 
     def _json_run(
-        self, data: bytes | bytearray, p: int, end: int, ver: int, seq: int, n: int, top: bool
+        self, data: bytes | bytearray, p: int, end: int, ver: int, seq: int, n: int
     ) -> int:
         """The ``J`` frame at ``p`` and the whole ``J`` frames of its version after it.
 
         Stops at the end of the window, at any other frame or at a frame not
-        all here, which the general loop then reads. At the top the payload is
-        copied out of the receive buffer; an inflated payload is bytes already.
+        all here, which the general loop then reads. A payload in a
+        ``bytearray`` (the receive buffer, the carry) is copied out as bytes;
+        one in inflated bytes is sliced from them.
         """
         max_frame = self.limits.max_frame
         if n > max_frame:
             raise RemoteProtocolError(f"J frame of {n} bytes (limit {max_frame})")
+        if self._window_bytes + 10 + n > self.limits.max_window_bytes:
+            self._too_big()
         q = p + 10 + n
         if q > end:
             return -(10 + n)
@@ -403,66 +517,227 @@ class ServerCodec:
         append = events.append
         first = len(events)
         unpack10 = HEADER10.unpack_from
-        while True:
-            append((seq, bytes(data[p + 10 : q]) if top else data[p + 10 : q]))  # type: ignore[arg-type]
-            p = q
-            remaining -= 1
-            if not remaining or end - p < 10:
-                break
-            next_ver, typ, seq, n = unpack10(data, p)
-            if typ != FRAME_JSON or next_ver != ver or n > max_frame:
-                break
-            q = p + 10 + n
-            if q > end:
-                break
+        if type(data) is bytearray:
+            while True:
+                append((seq, bytes(data[p + 10 : q])))
+                p = q
+                remaining -= 1
+                if not remaining or end - p < 10:
+                    break
+                next_ver, typ, seq, n = unpack10(data, p)
+                if typ != FRAME_JSON or next_ver != ver or n > max_frame:
+                    break
+                q = p + 10 + n
+                if q > end:
+                    break
+        else:
+            while True:
+                append((seq, data[p + 10 : q]))  # type: ignore[arg-type]
+                p = q
+                remaining -= 1
+                if not remaining or end - p < 10:
+                    break
+                next_ver, typ, seq, n = unpack10(data, p)
+                if typ != FRAME_JSON or next_ver != ver or n > max_frame:
+                    break
+                q = p + 10 + n
+                if q > end:
+                    break
         highest = max(map(_SEQ, events[first:]))
         if highest > self._highest:
             self._highest = highest
-        self._hold(p - start)
+        self._hold(p - start, (len(events) - first) * EVENT_OVERHEAD)
         self._remaining = remaining
         if not remaining:
             self._flush(True)
         return p
 
     def _data(
-        self, data: bytes | bytearray, p: int, end: int, ver: int, seq: int, pairs: int, top: bool
+        self,
+        data: bytes | bytearray,
+        p: int,
+        end: int,
+        ver: int,
+        seq: int,
+        pairs: int,
+        resumable: bool,
     ) -> int:
         """The ``D`` frame at ``p`` (its length fields resume where a short read left them)."""
         max_frame = self.limits.max_frame
         if pairs > max_frame >> 3:
             raise RemoteProtocolError(f"D frame of {pairs} pairs (limit {max_frame} bytes)")
-        scan = self._dscan if top else None
+        scan = self._dscan if resumable else None
         r, blobs = scan if scan is not None else (10, 2 * pairs)
         r, blobs, need = _scan_data_frame(data, p, end, r, blobs, max_frame)
         if need:
-            if top:
+            if resumable:
                 self._dscan = (r, blobs)
             return -need
         self._dscan = None
+        if self._window_bytes + r > self.limits.max_window_bytes:
+            self._too_big()
         if not self._remaining:
             self._open_sticky(ver)
         self._events.append((seq, _decode_data_frame(data, p + 10, pairs)))
         if seq > self._highest:
             self._highest = seq
-        self._hold(r)
+        self._hold(r, EVENT_OVERHEAD + D_OVERHEAD + PAIR_OVERHEAD * pairs)
         self._remaining -= 1
         if not self._remaining:
             self._flush(True)
         return p + r
 
     def _compressed(self, data: bytes | bytearray, p: int, end: int, size: int, depth: int) -> int:
-        """The ``C`` frame at ``p``: inflated (within the limits) and parsed to its end."""
+        """A ``C`` frame nested in an inflated one, at ``p``: inflated whole (once
+        :attr:`room` has room) and parsed to its end.
+
+        Beats never nests them; one that does may take the budget past its
+        limit by what one nested frame inflates to, one at a time: what it
+        holds is charged (by asking :attr:`room` again) before anything else runs.
+        """
+        self._check_compressed(size, depth)
+        q = p + 6 + size
+        if q > end:
+            return -(6 + size)
+        room = self.room
+        if room is not None and room() <= 0:
+            # Waits whole in the carry until there is room (:meth:`_stream` resumes it).
+            return -(6 + size)
+        inflated = self._inflate(data, p + 6, q, self._inflation_bound(size))
+        self._parse(inflated, 0, len(inflated), depth + 1)
+        if room is not None:
+            room()
+        return q
+
+    def _check_compressed(self, size: int, depth: int) -> None:
         limits = self.limits
         if depth >= limits.max_depth:
             raise RemoteProtocolError(f"C frames nested deeper than {limits.max_depth}")
         if size > limits.max_frame:
             raise RemoteProtocolError(f"C frame of {size} bytes (limit {limits.max_frame})")
-        q = p + 6 + size
-        if q > end:
-            return -(6 + size)
-        inflated = self._inflate(data, p + 6, q)
-        self._parse(inflated, 0, len(inflated), depth + 1)
-        return q
+
+    def _inflation_bound(self, size: int) -> int:
+        """The most a ``C`` frame of ``size`` compressed bytes may inflate to."""
+        limits = self.limits
+        return min(limits.max_inflated, limits.max_ratio * size, limits.max_window_bytes)
+
+    # -- a C frame inflated as it arrives ----------------------------------------------
+    def _start_stream(self, size: int) -> None:
+        """A ``C`` frame's header at the top: inflate its bytes as they arrive."""
+        self._check_compressed(size, 0)
+        self._inflater = _inflating.decompressobj()
+        self._c_size = self._c_left = size
+        self._c_bound = self._inflation_bound(size)
+        self._c_out = 0
+
+    def _stream(self, data: bytes | bytearray, p: int, end: int) -> int:
+        """Inflate the streamed ``C`` frame: first what waited for room, then its
+        compressed bytes in ``data[p:end]``, piece by piece while :attr:`room`
+        allows; return the offset after the bytes taken. Sets ``_need``: 1 when
+        it needs more input, 0 when it waits for room (or a window is ready)."""
+        carry = self._carry
+        if carry and len(carry) >= self._carry_need:  # a nested C frame waited for room
+            self._parse_piece(b"")
+        if self._tail or self._more:
+            self._inflate_pieces(None)
+        take = min(end - p, self._c_left)
+        if take and not self._tail and not self._more and self._carry_ready():
+            self._c_left -= take
+            with memoryview(data) as whole, whole[p : p + take] as src:
+                self._inflate_pieces(src)
+            p += take
+        inflater = self._inflater
+        if inflater.eof:
+            if inflater.unused_data or self._c_left:
+                raise RemoteProtocolError("bytes after the zlib stream in a C frame")
+            if self._carry:
+                raise RemoteProtocolError("a frame is cut short at the end of a C frame")
+            self._end_stream()
+            self._unchecked = 0  # the windows it completed are good: returned now
+            self._need = 0 if self._ready else 1
+        elif self._tail or self._more or not self._carry_ready():
+            self._need = 0  # waiting for room
+        elif not self._c_left:
+            raise RemoteProtocolError("truncated zlib stream in a C frame")
+        else:
+            self._need = 1
+        return p
+
+    def _carry_ready(self) -> bool:
+        """Whether the carry is not a whole nested ``C`` frame waiting for room."""
+        carry = self._carry
+        return not carry or len(carry) < self._carry_need
+
+    def _inflate_pieces(self, src: memoryview | None) -> None:
+        """Inflate ``src`` (None: what waited) in pieces of at most ``_INFLATE_STEP``,
+        parsing each; stop early when :attr:`room` says to wait, keeping the rest."""
+        inflater = self._inflater
+        room = self.room
+        limits = self.limits
+        pending: bytes | memoryview = self._tail if src is None else src
+        more = self._more
+        bound = self._c_bound
+        try:
+            while pending or more:
+                if (room is not None and room() <= 0) or not self._carry_ready():
+                    break
+                window_left = limits.max_window_bytes - self._window_bytes - len(self._carry)
+                limit = max(1, min(_INFLATE_STEP, bound - self._c_out + 1, window_left + 1))
+                piece = inflater.decompress(pending, limit)
+                pending = inflater.unconsumed_tail
+                self._c_out += len(piece)
+                self.inflated_bytes += len(piece)
+                if self._c_out > bound:
+                    raise RemoteProtocolError(
+                        f"C frame of {self._c_size} bytes inflates past {bound} bytes"
+                    )
+                more = len(piece) == limit and not inflater.eof
+                if piece:
+                    self._parse_piece(piece)
+                if inflater.eof or (not piece and not pending):
+                    break
+        except (zlib.error, _inflating.error) as e:
+            raise RemoteProtocolError(f"bad zlib stream in a C frame: {e}") from None
+        self._more = more
+        self._tail = bytes(pending)
+
+    def _parse_piece(self, piece: bytes) -> None:
+        """Parse a piece of inflated bytes; a frame cut at its end is carried.
+
+        A frame cut between pieces is completed in the carry with just the bytes
+        it needs, so the rest of the piece is read in place (its payloads sliced
+        once); what waits for room (a nested ``C`` frame) keeps the rest after it.
+        """
+        carry = self._carry
+        start = 0
+        with memoryview(piece) as view:
+            while carry:
+                short = self._carry_need - len(carry)
+                if short > 0:
+                    take = min(short, len(piece) - start)
+                    carry += view[start : start + take]
+                    start += take
+                    if take < short:
+                        break
+                p = self._parse(carry, 0, len(carry), 1)
+                del carry[:p]
+                if carry and len(carry) >= self._carry_need:  # a nested C waits for room
+                    carry += view[start:]
+                    start = len(piece)
+                    break
+            if start < len(piece):
+                p = self._parse(piece, start, len(piece), 1)
+                carry += view[p:]
+        if self._window_bytes + len(carry) > self.limits.max_window_bytes:
+            self._too_big()
+
+    def _end_stream(self) -> None:
+        self._inflater = None
+        self._c_left = self._c_out = 0
+        self._tail = b""
+        self._more = False
+        self._carry = bytearray()
+        self._carry_need = 0
 
     def _window(self, ver: int, size: int) -> None:
         """A ``W`` frame: flush a partial window, then start one (``W 0``: answer at once)."""
@@ -476,6 +751,8 @@ class ServerCodec:
             self._highest = 0
         else:  # a liveness probe: answered at once, the sticky size is kept
             self._ready.append(Window(ver - 0x30, 0, [], 0, True))
+            if self._inflater is not None:
+                self._unchecked += 1
 
     def _open_sticky(self, ver: int) -> int:
         """A data frame with no window open starts one of the last ``W``'s size."""
@@ -486,26 +763,35 @@ class ServerCodec:
         self._highest = 0
         return self._sticky
 
-    def _hold(self, nbytes: int) -> None:
-        """The window being received holds ``nbytes`` more, within ``max_window_bytes``."""
+    def _hold(self, nbytes: int, overhead: int) -> None:
+        """The window being received holds ``nbytes`` more frame bytes, within
+        ``max_window_bytes``, in objects costing ``overhead`` more."""
         self._window_bytes += nbytes
+        self._overhead += overhead
         if self._window_bytes > self.limits.max_window_bytes:
-            raise RemoteProtocolError(
-                f"a window holding more than {self.limits.max_window_bytes} bytes of events"
-            )
+            self._too_big()
+
+    def _too_big(self) -> NoReturn:
+        raise RemoteProtocolError(
+            f"a window holding more than {self.limits.max_window_bytes} bytes of events"
+        )
 
     def _flush(self, complete: bool) -> None:
         """The window being received is ready: whole, or cut short by a new ``W``."""
         version = self._win_version - 0x30
-        self._ready.append(Window(version, self._win_size, self._events, self._highest, complete))
+        held = self._window_bytes + self._overhead
+        self._ready.append(
+            Window(version, self._win_size, self._events, self._highest, complete, held)
+        )
+        self._ready_bytes += held
+        if self._inflater is not None:
+            self._unchecked += 1
         self._events = []
-        self._window_bytes = 0
+        self._window_bytes = self._overhead = 0
         self._remaining = 0
 
-    def _inflate(self, data: bytes | bytearray, start: int, stop: int) -> bytes:
-        """Inflate the zlib stream ``data[start:stop]``, refusing to exceed the bound."""
-        limits = self.limits
-        bound = min(limits.max_inflated, limits.max_ratio * (stop - start), limits.max_window_bytes)
+    def _inflate(self, data: bytes | bytearray, start: int, stop: int, bound: int) -> bytes:
+        """Inflate the nested zlib stream ``data[start:stop]`` whole, within ``bound``."""
         step = max(_INFLATE_STEP, bound >> 3)
         inflater = _inflating.decompressobj()
         parts: list[bytes] = []

@@ -11,7 +11,7 @@ end of input on either side.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.protocol import ConnectionClosed
 
@@ -46,6 +46,9 @@ class Window(Event):
     #: False when a new ``W`` arrived before ``size`` events (a partial window,
     #: acked like any other).
     complete: bool
+    #: Bytes the window holds as allocated (its frame bytes and the objects of its
+    #: events), as the codec charged them while it was received; 0 if not counted.
+    held: int = field(default=0, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,13 @@ log = logging.getLogger(__name__)
 #: Hands a window off; returns the receipt that says when it is safe.
 WindowSink = Callable[[Window], Awaitable[Receipt]]
 
+#: Partial input a connection may always hold, whatever the memory budget says
+#: (``Session.memory_floor``): a Beats window of 2048 events of 200 bytes takes
+#: about 0.7 MiB once inflated into events, so such windows still arrive whole,
+#: and wait for the hub with keepalives, while the budget is exhausted. Above it
+#: a connection stops reading and inflating until there is room.
+WINDOW_MEMORY_FLOOR = 1024 * 1024
+
 
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
@@ -79,6 +86,7 @@ class ServerSession(Session):
             keepalive=settings.keepalive,
             unit_timeout=settings.window_timeout,
             write_timeout=settings.write_timeout,
+            memory_floor=WINDOW_MEMORY_FLOOR,
         )
         self.sink = sink
         self.metrics = metrics or ServerMetrics()
@@ -98,16 +106,23 @@ class ServerSession(Session):
         keepalive = (
             functools.partial(self._keepalive, window.version) if window.highest_seq else None
         )
-        answer = functools.partial(self._answer, window, trio.current_time())
+        # The answer keeps what the ack needs, not the window: its events are freed
+        # once the sink has handed them off.
+        answer = functools.partial(
+            self._answer,
+            (window.version, window.highest_seq, len(window.events)),
+            trio.current_time(),
+        )
         await self.submit(functools.partial(self.sink, window), answer, keepalive)
 
-    def _answer(self, window: Window, received_at: float, receipt: Receipt) -> bytes:
+    def _answer(self, window: tuple[int, int, int], received_at: float, receipt: Receipt) -> bytes:
+        version, highest_seq, count = window
         if receipt.outcome is not Outcome.DELIVERED:
             self.metrics.refused_windows.inc()
-            raise _NotAccepted(window, receipt)
+            raise _NotAccepted(count, highest_seq, receipt)
         # Counted as the ack goes out, so that whoever reads it sees it counted.
         self.metrics.ack_latency.observe(trio.current_time() - received_at)
-        return self.codec.send(Ack(window.version, window.highest_seq))
+        return self.codec.send(Ack(version, highest_seq))
 
     def _keepalive(self, version: int) -> bytes:
         # The last sequence acked *in the waiting window*: always 0, as windows are
@@ -119,6 +134,9 @@ class ServerSession(Session):
 
     def partial(self) -> bool:
         return self.codec.in_window
+
+    def finished(self) -> None:
+        self.codec.discard()
 
     def useful(self, window: Window) -> bool:
         # ``W 0`` is a liveness probe: answered, but no reason to keep an idle connection.
@@ -140,10 +158,10 @@ class ServerSession(Session):
 
 
 class _NotAccepted(NotKept):
-    def __init__(self, window: Window, receipt: Receipt) -> None:
+    def __init__(self, count: int, highest_seq: int, receipt: Receipt) -> None:
         outcome = receipt.outcome.name.lower() if receipt.outcome is not None else "unsettled"
         super().__init__(
-            f"window of {len(window.events)} events (highest seq {window.highest_seq}) was "
+            f"window of {count} events (highest seq {highest_seq}) was "
             f"{outcome}{': ' + receipt.reason if receipt.reason else ''}; closing without ack"
         )
 
