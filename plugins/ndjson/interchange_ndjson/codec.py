@@ -180,8 +180,10 @@ class NdjsonConnection:
 
     @property
     def held_bytes(self) -> int:
-        """Received bytes not yet returned as events (a partial line)."""
-        return len(self._buf)
+        """Received bytes not yet returned as events (a partial line, and lines not read
+        yet), as the receive buffer holds them: the parsed lines it has not dropped yet
+        (at most as many bytes) included."""
+        return self._buf.allocated
 
     def next_event(self) -> Event | ConnectionClosed | NeedData:
         """Parse and return the next event, or :data:`NEED_DATA`."""
