@@ -60,6 +60,17 @@ def _gids(names: Sequence[str]) -> frozenset[int]:
     return _ids(names, lambda n: grp.getgrnam(n).gr_gid, "group")
 
 
+def _methods(names: Sequence[str]) -> None:
+    """Each of ``client_streaming`` is a full method name, ``service/method``."""
+    for name in names:
+        service, slash, method = name.partition("/")
+        if not service or not slash or not method or "/" in method:
+            raise ValueError(
+                f"{name!r} is not a full method name, service/method"
+                " (e.g. containerd.services.streaming.v1.Streaming/Stream)"
+            )
+
+
 class TtrpcPlugin(ProtocolPlugin):
     """ttrpc (containerd's RPC): the messaging service, a proxy by service name, a client."""
 
@@ -94,6 +105,13 @@ class TtrpcPlugin(ProtocolPlugin):
         "streams_per_connection": Option(
             "int", 256, "active calls on each connection before another is opened", 1
         ),
+        "client_streaming": Option(
+            "str_list",
+            [],
+            "methods (service/method) taking the client's messages (client-streaming, bidi);"
+            " the proxy relays no client Data for any other",
+            check=_methods,
+        ),
         "service": Option("str", "", "client role: the service to call with each message"),
         "method": Option("str", "", "client role: the method to call with each message"),
         "timeout": Option("duration", 30.0, "client role: deadline of each call", 0.001),
@@ -118,6 +136,7 @@ class TtrpcPlugin(ProtocolPlugin):
                         env.nursery,
                         max_connections=upstream.options["max_connections"],
                         streams_per_connection=upstream.options["streams_per_connection"],
+                        client_streaming=upstream.options["client_streaming"],
                     )
                 routes.append(Route(entry["match"], name))
             self._routes[listener.name] = Routes(routes, self._pools)

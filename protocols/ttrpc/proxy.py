@@ -13,8 +13,10 @@ calls of routed services:
   it spent here; its payload bytes stay the same);
 * bad input is answered here with the Go server's statuses (oversize, even
   or reused ids, undecodable Requests, unknown services) and never reaches
-  the upstream, nor does Data for a stream that is over (Go servers up to
-  1.2.7 crash on it);
+  the upstream, nor does a client's Data that the upstream's state of the
+  stream does not take (Go servers up to 1.2.7 crash on Data for a stream
+  they ended or for a unary method): only the methods an upstream names in
+  ``client_streaming`` get the client's messages (see ``proxy_codec``);
 * a client that goes away leaves its calls running upstream (ttrpc cannot
   cancel them; closing the shared connection would fail other clients'
   calls) and their replies are dropped; a client that does not read what
@@ -32,7 +34,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +46,7 @@ from gateway.protocol import Session
 
 from . import status as statuses
 from . import ttrpc_pb2
-from .events import Call, HalfClosed, Message
+from .events import BadInput, Call, HalfClosed, Message
 from .proxy_codec import ProxyClientConnection, ProxyServerConnection
 from .server import TtrpcSession, too_many_calls
 from .status import Code, Status
@@ -55,6 +57,8 @@ log = logging.getLogger(__name__)
 
 #: Bytes relayed to a client and not yet written before it is disconnected.
 MAX_BACKLOG = 16 * 1024 * 1024
+#: Methods a pool warns about (a client's messages not relayed), each once.
+MAX_WARNED = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +101,7 @@ class Link(Session):
     def __init__(self, stream: trio.abc.Stream, pool: Pool, peer: str) -> None:
         super().__init__(
             stream,
-            ProxyClientConnection(),
+            ProxyClientConnection(client_streaming=pool.client_streaming),
             log=pool.log,
             unit_timeout=0,
             linger=0,
@@ -136,6 +140,8 @@ class Pool:
     another connection is opened while each carries ``streams_per_connection``
     or more, up to ``max_connections``. One connect runs at a time; after a
     failed one, calls fail at once (UNAVAILABLE) until ``retry_after`` passed.
+    ``client_streaming``: the upstream's methods (``service/method``) that take
+    the client's messages; no other stream gets a client's Data.
     """
 
     def __init__(
@@ -146,6 +152,7 @@ class Pool:
         max_connections: int = 4,
         streams_per_connection: int = 256,
         write_timeout: float = 30.0,
+        client_streaming: Iterable[str] = (),
     ) -> None:
         self.upstream = upstream
         self.name = upstream.name
@@ -153,6 +160,9 @@ class Pool:
         self.max_connections = max_connections
         self.streams_per_connection = streams_per_connection
         self.write_timeout = write_timeout
+        self.client_streaming = frozenset(client_streaming)
+        #: Methods whose client messages were refused, warned about once each.
+        self.warned: set[str] = set()
         self.retry_after = upstream.settings.backoff_initial
         self.log = log
         self.links: list[Link] = []
@@ -318,7 +328,27 @@ class ProxySession(TtrpcSession):
             if upstream is not None:
                 await self._relay_later(event, upstream.context)
                 return
+        elif isinstance(event, BadInput) and event.note:
+            self._undeclared(event.stream_id, event.note)
         await super().handle(event)
+
+    def _undeclared(self, stream_id: int, method: str) -> None:
+        """A client sent messages for a method its upstream is not known to take them on:
+        they are answered here; say so once per method (a misconfiguration, or a client
+        that would crash a Go upstream)."""
+        upstream = self.codec.upstream_of(stream_id)
+        if upstream is None:
+            return
+        pool = upstream.context.pool
+        if method in pool.warned or len(pool.warned) >= MAX_WARNED:
+            return
+        pool.warned.add(method)
+        self.log.warning(
+            "a client's messages for %s are not relayed (answered INVALID_ARGUMENT): it is"
+            " not among upstream %s's client_streaming methods",
+            method,
+            pool.name,
+        )
 
     async def _relay_later(self, event: Message | HalfClosed, link: Link) -> None:
         """Relay a message of a relayed stream once its upstream connection has room
@@ -362,7 +392,7 @@ class ProxySession(TtrpcSession):
             shrunk.CopyFrom(call.request)
             shrunk.timeout_nano = left
             request = shrunk.SerializeToString()
-        self.codec.relay(sid, call.flags, request, link.codec)
+        self.codec.relay(call, request, link.codec)
         self.received()
 
     def relayed(self, data: bytes) -> None:

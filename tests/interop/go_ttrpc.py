@@ -45,13 +45,16 @@ import trio
 from bench._process import ReadyProcess, ready_process
 
 __all__ = [
+    "CLIENT_STREAMING",
     "GO_SOURCE",
     "GoServer",
     "ScenarioLine",
     "build_go_peer",
+    "check_go_log",
     "find_go",
     "go_peer",
     "go_server",
+    "proxy_config",
     "run_go_bench",
     "run_go_client",
     "scenario_diff",
@@ -82,6 +85,10 @@ REQUIRED = {
     ),
     "google.golang.org/grpc/status": ("golang-google-grpc-dev", "status.go"),
 }
+
+#: The Echo service's methods that take the client's messages (its client-streaming and
+#: bidi ones), as a proxy's upstream must be told (``client_streaming``).
+CLIENT_STREAMING = ["interchange.test.Echo/Sum", "interchange.test.Echo/Chat"]
 
 #: One step of the client scenario: step, ok, code, message, details, result.
 ScenarioLine = dict[str, Any]
@@ -200,6 +207,42 @@ async def go_server(binary: Path, address: str = "tcp:127.0.0.1:0") -> AsyncIter
         stop_timeout=STOP_TIMEOUT,
     ) as server:
         yield server
+
+
+def check_go_log(server: GoServer) -> None:
+    """The Go server is alive and its log has no panic."""
+    assert server.alive, server.log()
+    assert "panic" not in server.log().lower(), server.log()
+
+
+def proxy_config(
+    tmp_path: Path, bind: str, upstream: str, **upstream_options: Any
+) -> dict[str, Any]:
+    """A gateway whose ttrpc listener on ``bind`` relays ``interchange.test.*`` to the Echo
+    server at ``upstream`` (the upstream ``go``, ``upstream_options`` added), for
+    ``harness.running_gateway``."""
+    return {
+        "gateway": {"data_dir": str(tmp_path / "data"), "drain_timeout": "100ms"},
+        "listeners": [
+            {
+                "name": "rpc",
+                "protocol": "ttrpc",
+                "bind": bind,
+                "services": [{"match": "interchange.test.*", "upstream": "go"}],
+            }
+        ],
+        "upstreams": [
+            {
+                "name": "go",
+                "protocol": "ttrpc",
+                # The gateway's TCP addresses are host:port, the Go program's tcp:host:port.
+                "connect": [upstream.removeprefix("tcp:")],
+                "backoff_initial": "20ms",
+                "client_streaming": CLIENT_STREAMING,
+            }
+            | upstream_options
+        ],
+    }
 
 
 async def _run(args: list[str], timeout: float) -> str:

@@ -30,7 +30,15 @@ from google.protobuf.message import Message
 from harness import running_gateway
 from interop import go_ttrpc
 from interop.echo_service import SERVICE, serve_echo
-from interop.go_ttrpc import GoServer, ScenarioLine, go_server, run_go_client, scenario_diff
+from interop.go_ttrpc import (
+    GoServer,
+    ScenarioLine,
+    check_go_log,
+    go_server,
+    proxy_config,
+    run_go_client,
+    scenario_diff,
+)
 
 from protocols.ttrpc import Code, TtrpcError
 from protocols.ttrpc.client import CallKind, Client, Metadata, open_client
@@ -453,33 +461,6 @@ async def test_our_client_against_go_and_our_servers(
 # -- Go's client through our proxy ----------------------------------------------------------------
 
 
-def proxy_config(
-    tmp_path: Path, bind: str, upstream: str, **upstream_options: Any
-) -> dict[str, Any]:
-    """A gateway whose ttrpc listener relays ``interchange.test.*`` to ``upstream``."""
-    return {
-        "gateway": {"data_dir": str(tmp_path / "data"), "drain_timeout": "100ms"},
-        "listeners": [
-            {
-                "name": "rpc",
-                "protocol": "ttrpc",
-                "bind": bind,
-                "services": [{"match": "interchange.test.*", "upstream": "go"}],
-            }
-        ],
-        "upstreams": [
-            {
-                "name": "go",
-                "protocol": "ttrpc",
-                # The gateway's TCP addresses are host:port, the Go program's tcp:host:port.
-                "connect": [upstream.removeprefix("tcp:")],
-                "backoff_initial": "20ms",
-            }
-            | upstream_options
-        ],
-    }
-
-
 def addresses(transport: str, socket_dir: Path) -> tuple[str, str]:
     """The Go server's address and the proxy's bind."""
     if transport == "unix":
@@ -502,11 +483,6 @@ async def wait_for_go_connections(server: GoServer, count: int) -> None:
     with trio.fail_after(10):
         while go_connections(server) != count:
             await trio.sleep(0.01)
-
-
-def check_go_log(server: GoServer) -> None:
-    assert server.alive, server.log()
-    assert "panic" not in server.log().lower(), server.log()
 
 
 @pytest.mark.parametrize("transport", ["tcp", "unix"])

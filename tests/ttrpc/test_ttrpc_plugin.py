@@ -14,6 +14,7 @@ import pytest
 import trio
 from harness import running_gateway
 
+from gateway.config import ConfigError, parse
 from gateway.model import Message, Outcome
 from gateway.plugin import PluginError
 from protocols.ttrpc import Code, TtrpcError, ttrpc_pb2
@@ -190,3 +191,16 @@ async def test_the_client_role_calls_with_each_message(tmp_path: Path, backend: 
         with trio.fail_after(10):
             assert await retried.wait() == Outcome.DELIVERED
         assert [body for body, _ in backend.received[-3:]] == [b"later"] * 3
+
+
+@pytest.mark.parametrize("bad", ["Sum", "test.v1.Echo/", "/Sum", "test.v1.Echo/Sum/x"])
+def test_client_streaming_names_full_methods(tmp_path: Path, bad: str) -> None:
+    backend = Backend()
+    backend.address = "127.0.0.1:7071"
+    data = config(tmp_path, backend)
+    data["upstreams"][0]["client_streaming"] = ["test.v1.Echo/Chat", bad]
+    with pytest.raises(ConfigError, match="service/method"):
+        parse(data, source="<test>")
+    data["upstreams"][0]["client_streaming"] = ["test.v1.Echo/Chat"]
+    config_ = parse(data, source="<test>")
+    assert config_.upstreams[0].options["client_streaming"] == ["test.v1.Echo/Chat"]

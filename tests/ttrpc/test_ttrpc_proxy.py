@@ -29,6 +29,8 @@ from protocols.ttrpc.proxy import Pool, ProxySession, Route, Routes
 from protocols.ttrpc.server import CallContext, MessageStream, Service, TtrpcSession
 
 SVC = "test.v1.Echo"
+#: The upstream's methods that take the client's messages (the pools are told).
+CLIENT_STREAMING = (f"{SVC}/Total", f"{SVC}/Chat")
 
 
 @dataclass
@@ -145,7 +147,11 @@ async def rig(
         backend.address = f"127.0.0.1:{port}"
         backends[name] = backend
         settings = UpstreamSettings(name=name, protocol="ttrpc", connect=[backend.address])
-        pools[name] = Pool(Upstream(settings, connector(connect_delay)), nursery)
+        pools[name] = Pool(
+            Upstream(settings, connector(connect_delay)),
+            nursery,
+            client_streaming=CLIENT_STREAMING,
+        )
     table = Routes(list(routes), pools)
 
     async def serve(stream: trio.SocketStream) -> None:
@@ -315,6 +321,46 @@ async def test_bad_input_is_answered_by_the_proxy_and_never_forwarded(
     await stream.aclose()
 
 
+async def test_messages_for_a_method_not_declared_client_streaming_never_reach_it(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A unary method called "remote open": the flag is the client's word, and a Go
+    upstream dies of Data for a unary method. Answered here, and logged once."""
+    from protocols.ttrpc import ttrpc_pb2
+
+    r, client = await proxied(nursery)
+    assert await client.call(SVC, "Echo", b"warm") == b"a:warm"
+    backend = r.backends["a"]
+    frames_before = backend.frames
+    stream, codec = await raw_connection(r)
+    request = ttrpc_pb2.Request(service=SVC, method="Echo", payload=b"x").SerializeToString()
+    ro = Flags.REMOTE_OPEN
+    await stream.send_all(
+        encode_frame(1, MessageType.REQUEST, ro, request)
+        + encode_frame(1, MessageType.DATA, 0, b"m")
+        + encode_frame(3, MessageType.REQUEST, ro, request)
+        + encode_frame(3, MessageType.DATA, Flags.REMOTE_CLOSED | Flags.NO_DATA)
+    )
+    with trio.fail_after(10):
+        got = sorted(
+            (reply.stream_id, reply.status.message, reply.payload)
+            for reply in await replies(stream, codec, 4)
+        )
+    assert got == [
+        (1, "", b"a:x"),
+        (1, "StreamID is no longer active", b""),
+        (3, "", b"a:x"),
+        (3, "StreamID is no longer active", b""),
+    ]
+    assert backend.frames == frames_before + 2  # the two Requests, no Data
+    warnings = [rec.getMessage() for rec in caplog.records if "not relayed" in rec.getMessage()]
+    assert warnings == [
+        f"a client's messages for {SVC}/Echo are not relayed (answered INVALID_ARGUMENT):"
+        " it is not among upstream a's client_streaming methods"
+    ]
+    await stream.aclose()
+
+
 async def test_a_lost_upstream_fails_only_its_calls(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -435,7 +481,7 @@ async def test_a_client_streaming_to_an_upstream_that_does_not_read_is_held_back
     settings = UpstreamSettings(
         name="deaf", protocol="ttrpc", connect=[f"127.0.0.1:{upstream[0].socket.getsockname()[1]}"]
     )
-    pool = Pool(Upstream(settings, connector()), nursery)
+    pool = Pool(Upstream(settings, connector()), nursery, client_streaming=CLIENT_STREAMING)
     table = Routes([Route("test.v1.*", "deaf")], {"deaf": pool})
 
     async def serve(stream: trio.SocketStream) -> None:

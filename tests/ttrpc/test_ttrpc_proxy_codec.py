@@ -1,9 +1,12 @@
 """The proxy's two sans-IO sides: client connections' streams relayed onto a shared
-upstream connection and back, frame bytes untouched, without any I/O."""
+upstream connection and back, frame bytes untouched, without any I/O; and every
+sequence of a client's Data the upstream's state of the stream does not take, answered
+as Go's server answers it and never relayed (Go 1.2.4 dies of most of them)."""
 
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -23,16 +26,32 @@ from protocols.ttrpc import (
     status_of,
     ttrpc_pb2,
 )
+from protocols.ttrpc import status as statuses
 from protocols.ttrpc.events import BadInput, Call, HalfClosed, Message
-from protocols.ttrpc.proxy_codec import ProxyClientConnection, ProxyServerConnection
+from protocols.ttrpc.proxy_codec import (
+    CLIENT_STEP,
+    EMPTY,
+    FORWARD,
+    OPEN,
+    OVER,
+    U_CLOSE,
+    U_DATA,
+    U_FAIL,
+    U_RESPONSE,
+    UPSTREAM_STEP,
+    ProxyClientConnection,
+    ProxyServerConnection,
+)
 
 RC, RO, ND = Flags.REMOTE_CLOSED, Flags.REMOTE_OPEN, Flags.NO_DATA
 REQ, RESP, DATA = MessageType.REQUEST, MessageType.RESPONSE, MessageType.DATA
 RELAYED = "relayed.v1.Svc"
+#: The upstream's method that takes the client's messages ("M"); "U" (unary) does not.
+STREAMING = f"{RELAYED}/M"
 
 
-def request_body(payload: bytes = b"p", service: str = RELAYED) -> bytes:
-    return ttrpc_pb2.Request(service=service, method="M", payload=payload).SerializeToString()
+def request_body(payload: bytes = b"p", service: str = RELAYED, method: str = "M") -> bytes:
+    return ttrpc_pb2.Request(service=service, method=method, payload=payload).SerializeToString()
 
 
 def response_body(payload: bytes) -> bytes:
@@ -41,7 +60,8 @@ def response_body(payload: bytes) -> bytes:
 
 def frames(data: bytes) -> list[Frame]:
     reader = FrameReader()
-    reader.receive_data(data)
+    if data:  # b"" would be the end of input
+        reader.receive_data(data)
     out = reader.frames()
     assert reader.end() is NEED_DATA
     assert not reader.held_bytes
@@ -53,7 +73,7 @@ class Rig:
     """One upstream connection; clients made with :meth:`client` route ``RELAYED`` to it."""
 
     def __init__(self) -> None:
-        self.upstream = ProxyClientConnection()
+        self.upstream = ProxyClientConnection(client_streaming={STREAMING})
         self.ready = True
 
     def client(self) -> ProxyServerConnection:
@@ -132,10 +152,13 @@ def test_a_service_the_router_declines_is_a_call_as_on_a_plain_server() -> None:
     rig.ready = False
     (call,) = rig.from_client(client, encode_frame(3, REQ, RO, request_body()))
     assert isinstance(call, Call)
-    client.relay(call.stream_id, call.flags, call.data, rig.upstream)
+    client.relay(call, call.data, rig.upstream)
     assert rig.sent_upstream() == [Frame(1, REQ, RO, call.data)]
+    # Relayed, the stream takes the client's messages (M is a streaming method).
+    assert rig.from_client(client, encode_frame(3, DATA, 0, b"m")) == []
+    assert rig.sent_upstream() == [Frame(1, DATA, 0, b"m")]
     with pytest.raises(LocalProtocolError):
-        client.relay(99, 0, call.data, rig.upstream)  # no such stream
+        client.relay(Call(99, call.request, 0, False), call.data, rig.upstream)  # no such stream
 
 
 def test_a_bidi_stream_both_ways_and_its_closes() -> None:
@@ -159,10 +182,11 @@ def test_a_bidi_stream_both_ways_and_its_closes() -> None:
     rig.from_client(client, encode_frame(5, DATA, RC, b"m2"))
     assert rig.sent_upstream() == [Frame(1, DATA, 0, b"m2"), Frame(1, DATA, RC | ND, b"")]
     assert client.relayed_streams == 1
-    # Data from the client after its close is bad input, answered here, never relayed.
-    (bad,) = rig.from_client(client, encode_frame(5, DATA, 0, b"late"))
-    assert isinstance(bad, BadInput)
-    assert not bad.ends_stream
+    # Data from the client after its close is bad input, answered here as Go does,
+    # never relayed.
+    assert rig.from_client(client, encode_frame(5, DATA, 0, b"late")) == [
+        BadInput(5, statuses.stream_closed())
+    ]
     assert rig.upstream.data_to_send() == b""
     # The server's close ends the stream everywhere.
     assert rig.from_server(encode_frame(1, DATA, RC | ND)) == {
@@ -196,17 +220,22 @@ def test_data_for_a_full_upstream_comes_out_as_events_for_the_driver_to_relay() 
     assert rig.upstream.data_to_send() == b""
 
 
-def test_the_server_closing_first_leaves_the_client_s_side_open() -> None:
+def test_the_server_closing_first_ends_the_stream_for_the_client_s_data_too() -> None:
+    """Go forgets a stream once it sent Data ``remote closed``, whatever the client's
+    side (and 1.2.4 dies of Data for it): the client's close is answered here."""
     rig = Rig()
     client = rig.client()
     rig.from_client(client, encode_frame(1, REQ, RO, request_body()))
     rig.sent_upstream()
-    rig.from_server(encode_frame(1, DATA, RC | ND))
-    assert client.relayed_streams == 1  # the client may still send
-    rig.from_client(client, encode_frame(1, DATA, RC | ND))
-    assert rig.sent_upstream() == [Frame(1, DATA, RC | ND, b"")]
+    assert rig.from_server(encode_frame(1, DATA, RC | ND)) == {
+        client: [Frame(1, DATA, RC | ND, b"")]
+    }
     assert client.relayed_streams == 0
     assert rig.upstream.active_streams == 0
+    assert rig.from_client(client, encode_frame(1, DATA, RC | ND)) == [
+        BadInput(1, statuses.stream_inactive())
+    ]
+    assert rig.upstream.data_to_send() == b""
 
 
 def test_an_oversize_frame_from_the_server_fails_its_stream_alone() -> None:
@@ -285,7 +314,7 @@ def test_each_connection_uses_odd_ids_until_they_run_out() -> None:
     assert frames(upstream.data_to_send())[0].stream_id == 2**31 - 1
     assert upstream.exhausted
     with pytest.raises(LocalProtocolError, match="every stream id"):
-        upstream.open(client, 3, 0, request_body())
+        upstream.open(client, 3, 0, request_body(), ttrpc_pb2.Request())
 
 
 WIRE = (
@@ -313,3 +342,345 @@ def test_what_goes_upstream_does_not_depend_on_how_the_client_s_bytes_were_cut(
     bounds = [0, *sorted(cuts), len(WIRE)]
     pieces = [WIRE[a:b] for a, b in itertools.pairwise(bounds)]
     assert run(pieces) == run([WIRE])
+
+
+# -- a client's Data against the upstream's state of the stream ------------------------------
+
+INACTIVE = statuses.stream_inactive()
+CLOSED = statuses.stream_closed()
+UNDECLARED = f"{RELAYED}/U"
+OK_RESPONSE = encode_frame(1, RESP, 0, response_body(b"r"))
+
+
+def opened(flags: int, method: str = "M") -> bytes:
+    """The client's Request on its stream 1 (upstream stream 1), of method M (declared
+    streaming) or U (unary: not declared)."""
+    return encode_frame(1, REQ, flags, request_body(method=method))
+
+
+def data(flags: int, message: bytes = b"") -> bytes:
+    return encode_frame(1, DATA, flags, message)
+
+
+def oversize_data() -> bytes:
+    length = MAX_DATA + 1
+    return length.to_bytes(4, "big") + (1).to_bytes(4, "big") + bytes([DATA, 0]) + bytes(length)
+
+
+#: (what happened so far: ("client" | "server", bytes) in order; the client's next frame;
+#: the events it makes; the frames that go upstream for it).
+Sequence = tuple[list[tuple[str, bytes]], bytes, list[object], list[Frame]]
+
+SEQUENCES: dict[str, Sequence] = {
+    # A unary method called "remote open": the flag is the client's word, not the
+    # method's kind; Go 1.2.4 dies of any Data for a unary method, answered or not.
+    "unary method called remote open: a message": (
+        [("client", opened(RO, "U"))],
+        data(0, b"m"),
+        [BadInput(1, INACTIVE, note=UNDECLARED)],
+        [],
+    ),
+    "unary method called remote open: its close": (
+        [("client", opened(RO, "U"))],
+        data(RC | ND),
+        [BadInput(1, INACTIVE, note=UNDECLARED)],
+        [],
+    ),
+    "unary method called remote open: a message with the close": (
+        [("client", opened(RO, "U"))],
+        data(RC, b"m"),
+        [BadInput(1, INACTIVE, note=UNDECLARED)],
+        [],
+    ),
+    "unary method called remote open, refused once: a message": (
+        [("client", opened(RO, "U")), ("client", data(0, b"m"))],
+        data(0, b"m2"),
+        [BadInput(1, INACTIVE)],
+        [],
+    ),
+    "unary method called remote open, answered: a message": (
+        [("client", opened(RO, "U")), ("server", OK_RESPONSE)],
+        data(0, b"m"),
+        [BadInput(1, INACTIVE)],
+        [],
+    ),
+    "unary call (flags 0): a message": (
+        [("client", opened(0, "U"))],
+        data(0, b"m"),
+        [BadInput(1, INACTIVE)],
+        [],
+    ),
+    "unary call: a close": (
+        [("client", opened(0, "U"))],
+        data(RC | ND),
+        [BadInput(1, INACTIVE)],
+        [],
+    ),
+    "unary call: a frame without data": (
+        [("client", opened(0, "U"))],
+        data(ND),
+        [BadInput(1, INACTIVE)],
+        [],
+    ),
+    "unary call of a streaming method (flags 0): a message": (
+        [("client", opened(0))],
+        data(0, b"m"),
+        [BadInput(1, INACTIVE)],
+        [],
+    ),
+    "server-streaming call (remote closed): a message": (
+        [("client", opened(RC))],
+        data(0, b"m"),
+        [BadInput(1, INACTIVE)],
+        [],
+    ),
+    "streaming call the server closed (Data remote closed): a message": (
+        [("client", opened(RO)), ("server", data(RC | ND))],
+        data(0, b"m"),
+        [BadInput(1, INACTIVE)],
+        [],
+    ),
+    "streaming call the server closed: the client's close": (
+        [("client", opened(RO)), ("server", data(RC | ND))],
+        data(RC | ND),
+        [BadInput(1, INACTIVE)],
+        [],
+    ),
+    "streaming call the server closed: a frame without data": (
+        [("client", opened(RO)), ("server", data(RC | ND))],
+        data(ND),
+        [BadInput(1, INACTIVE)],
+        [],
+    ),
+    "streaming call the server closed with its last message: a message": (
+        [("client", opened(RO)), ("server", data(0, b"r")), ("server", data(RC, b"last"))],
+        data(0, b"m"),
+        [BadInput(1, INACTIVE)],
+        [],
+    ),
+    "streaming call the server answered (Response): a message": (
+        [("client", opened(RO)), ("client", data(0, b"m")), ("server", OK_RESPONSE)],
+        data(0, b"m"),
+        [BadInput(1, INACTIVE)],
+        [],
+    ),
+    "streaming call the client closed: a message": (
+        [("client", opened(RO)), ("client", data(RC | ND))],
+        data(0, b"m"),
+        [BadInput(1, CLOSED)],
+        [],
+    ),
+    "streaming call the client closed: a message with the close": (
+        [("client", opened(RO)), ("client", data(RC, b"last"))],
+        data(RC, b"m"),
+        [BadInput(1, CLOSED)],
+        [],
+    ),
+    "streaming call the client closed: its close again": (
+        [("client", opened(RO)), ("client", data(RC | ND))],
+        data(RC | ND),
+        [],
+        [],
+    ),
+    "streaming call the client closed: a frame without data": (
+        [("client", opened(RO)), ("client", data(RC | ND))],
+        data(ND),
+        [],
+        [],
+    ),
+    "streaming call the client closed, a message answered: another": (
+        [("client", opened(RO)), ("client", data(RC | ND)), ("client", data(0, b"m"))],
+        data(0, b"m2"),
+        [BadInput(1, INACTIVE)],
+        [],
+    ),
+    "streaming call the client closed, a message answered: its close again": (
+        [("client", opened(RO)), ("client", data(RC | ND)), ("client", data(0, b"m"))],
+        data(RC | ND),
+        [BadInput(1, INACTIVE)],
+        [],
+    ),
+    "streaming call the client closed, the server answered: a message": (
+        [("client", opened(RO)), ("client", data(RC | ND)), ("server", OK_RESPONSE)],
+        data(0, b"m"),
+        [BadInput(1, INACTIVE)],
+        [],
+    ),
+    "streaming call whose oversize frame was answered here: a message": (
+        [("client", opened(RO)), ("client", oversize_data())],
+        data(0, b"m"),
+        [BadInput(1, INACTIVE)],
+        [],
+    ),
+    "a stream never opened: a message": ([], data(0, b"m"), [BadInput(1, INACTIVE)], []),
+    "a stream never opened: a close": ([], data(RC | ND), [BadInput(1, INACTIVE)], []),
+    # What does go up from an open streaming call goes as Go takes it.
+    "open streaming call: a message with other flags set": (
+        [("client", opened(RO))],
+        encode_frame(1, DATA, RO | 0xF0, b"m"),
+        [],
+        [Frame(1, DATA, 0, b"m")],
+    ),
+    "open streaming call: a message with the close": (
+        [("client", opened(RO))],
+        data(RC, b"m"),
+        [],
+        [Frame(1, DATA, 0, b"m"), Frame(1, DATA, RC | ND, b"")],
+    ),
+    "open streaming call: a close carrying bytes and no data": (
+        [("client", opened(RO))],
+        encode_frame(1, DATA, RC | ND, b"junk"),
+        [],
+        [Frame(1, DATA, RC | ND, b"")],
+    ),
+    "open streaming call: a frame without data": (
+        [("client", opened(RO))],
+        encode_frame(1, DATA, ND, b"junk"),
+        [],
+        [],
+    ),
+    "open streaming call the server sent a message on: a message": (
+        [("client", opened(RO)), ("server", data(0, b"r"))],
+        data(0, b"m"),
+        [],
+        [Frame(1, DATA, 0, b"m")],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(SEQUENCES))
+def test_a_client_s_data_goes_up_only_if_the_upstream_s_state_of_the_stream_takes_it(
+    name: str,
+) -> None:
+    before, frame, events, upstream = SEQUENCES[name]
+    rig = Rig()
+    client = rig.client()
+    for side, wire in before:
+        if side == "client":
+            rig.from_client(client, wire)
+        else:
+            rig.from_server(wire)
+    rig.upstream.data_to_send()  # what went up before
+    assert rig.from_client(client, frame) == events
+    assert frames(rig.upstream.data_to_send()) == upstream
+
+
+def test_only_a_forwarding_state_forwards_and_the_upstream_s_end_is_everyone_s() -> None:
+    """The tables themselves: a client's Data is relayed from OPEN only, and a Response or
+    Data ``remote closed`` from the upstream ends the stream in every state."""
+    for state, row in enumerate(CLIENT_STEP):
+        for event, (_, action) in enumerate(row):
+            assert (action == FORWARD) == (state == OPEN and event != EMPTY), (state, event)
+    for state, upstream_row in enumerate(UPSTREAM_STEP):
+        if state != OVER:
+            assert upstream_row[U_DATA][0] is None
+            assert {upstream_row[e][0] for e in (U_CLOSE, U_RESPONSE, U_FAIL)} == {OVER}
+
+
+def test_a_second_request_on_a_live_id_is_answered_and_the_stream_goes_on() -> None:
+    rig = Rig()
+    client = rig.client()
+    rig.from_client(client, opened(RO))
+    rig.sent_upstream()
+    (bad,) = rig.from_client(client, opened(RO))
+    assert bad == BadInput(1, statuses.id_reused())
+    assert rig.upstream.data_to_send() == b""  # nothing of it went up
+    rig.from_client(client, data(RC, b"m"))
+    assert rig.sent_upstream() == [Frame(1, DATA, 0, b"m"), Frame(1, DATA, RC | ND, b"")]
+    assert rig.from_server(OK_RESPONSE) == {client: [Frame(1, RESP, 0, response_body(b"r"))]}
+
+
+def test_a_gone_client_s_stream_drops_what_the_server_sends_until_the_server_ends_it() -> None:
+    rig = Rig()
+    gone = rig.client()
+    rig.from_client(gone, opened(RO) + data(0, b"m"))
+    rig.sent_upstream()
+    gone.orphan_all()
+    assert rig.upstream.active_streams == 1  # the call runs on upstream
+    assert rig.from_server(data(0, b"r")) == {}
+    assert rig.upstream.active_streams == 1
+    assert rig.from_server(data(RC | ND)) == {}
+    assert rig.upstream.active_streams == 0
+
+
+def test_data_held_for_a_full_upstream_is_dropped_once_the_server_ended_the_stream() -> None:
+    rig = Rig()
+    room = [True]
+    client = ProxyServerConnection(rig.client().router, has_room=lambda up: room[0])
+    rig.from_client(client, opened(RO))
+    rig.sent_upstream()
+    room[0] = False
+    assert rig.from_client(client, data(0, b"m")) == [Message(1, b"m")]
+    rig.from_server(data(RC | ND))  # meanwhile, the server ended the stream
+    client.relay_data(1, b"m", False)
+    assert rig.upstream.data_to_send() == b""
+    assert client.take_touched() == []
+
+
+class GoServer:
+    """What containerd's Go server 1.2.4 does with the frames of one connection, as far
+    as the proxy must care: which Data would kill it (``server.go``: Data for a stream it
+    does not hold, or for a unary method's nil handler). Method U is unary, M bidi."""
+
+    def __init__(self) -> None:
+        #: Held streams: id -> [method, client closed].
+        self.streams: dict[int, list[Any]] = {}
+        self.panics: list[str] = []
+
+    def receive(self, data: bytes) -> None:
+        for frame in frames(data):
+            sid = frame.stream_id
+            if frame.type == REQ:
+                request = ttrpc_pb2.Request.FromString(frame.data)
+                self.streams[sid] = [request.method, False]
+                continue
+            held = self.streams.get(sid)
+            if held is None:
+                self.panics.append(f"Data for stream {sid}, which it does not hold")
+            elif held[0] == "U" and (frame.flags & RC or not frame.flags & ND):
+                self.panics.append(f"Data for stream {sid} of a unary method")
+            elif frame.flags & RC:
+                held[1] = True
+            elif not frame.flags & ND and held[1]:
+                del self.streams[sid]  # "data handling error": answered and forgotten
+
+    def ends(self, sid: int) -> bool:
+        """Its handler ends the stream (a Response or Data remote closed): forgotten."""
+        return self.streams.pop(sid, None) is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["M", "U"]),
+    st.sampled_from([0, RO, RC, RO | RC, RO | ND]),
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("client"), st.integers(0, 255), st.binary(max_size=3)),
+            st.tuples(st.just("server"), st.sampled_from(["data", "close", "response"])),
+        ),
+        max_size=12,
+    ),
+)
+def test_whatever_a_client_sends_nothing_that_goes_up_kills_a_go_server(
+    method: str, flags: int, steps: list[tuple[Any, ...]]
+) -> None:
+    rig = Rig()
+    client = rig.client()
+    go = GoServer()
+    rig.from_client(client, encode_frame(1, REQ, flags, request_body(method=method)))
+    go.receive(rig.upstream.data_to_send())
+    for step in steps:
+        if step[0] == "client":
+            rig.from_client(client, encode_frame(1, DATA, step[1], step[2]))
+            go.receive(rig.upstream.data_to_send())
+        elif 1 in go.streams and (method == "M" or step[1] == "response"):
+            # The handler sends only while Go holds the stream, and a unary one a Response.
+            reply = {
+                "data": data(0, b"r"),
+                "close": data(RC | ND),
+                "response": OK_RESPONSE,
+            }[step[1]]
+            if step[1] != "data":
+                go.ends(1)
+            rig.from_server(reply)
+    assert go.panics == []
