@@ -16,7 +16,8 @@ the same ones the Go program uses, so neither side needs generated code:
 * ``Count`` (server streaming): BytesValue ``"N"`` -> BytesValue ``"0"``..``"N-1"``;
   ``"N!"`` sends them, then fails with ABORTED.
 * ``Sum`` (client streaming): BytesValues -> one BytesValue, the values joined by ``,``.
-* ``Chat`` (bidi): each BytesValue back with ASCII letters upper-cased.
+* ``Chat`` (bidi): each BytesValue back with ASCII letters upper-cased; ``"bye"`` also
+  ends the call from the server's side, before the client closes its own.
 
 :func:`serve_echo` serves it on a ``tcp:host:port`` or ``unix:/path`` address, the
 address forms the Go program takes.
@@ -143,8 +144,11 @@ async def sum_(ctx: CallContext, messages: AsyncIterator[bytes]) -> bytes:
 
 async def chat(ctx: CallContext, messages: AsyncIterator[bytes], out: MessageStream) -> None:
     async for m in messages:
+        value = _decode(wrappers_pb2.BytesValue, m).value
         # bytes.upper() changes ASCII letters only, as the Go side's asciiUpper does.
-        await out.send(_bytes(_decode(wrappers_pb2.BytesValue, m).value.upper()))
+        await out.send(_bytes(value.upper()))
+        if value == b"bye":
+            return
 
 
 def echo_service() -> Service:

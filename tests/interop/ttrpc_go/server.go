@@ -195,7 +195,9 @@ func sum(ctx context.Context, stream ttrpc.StreamServer) (interface{}, error) {
 }
 
 // Chat: each BytesValue back, ASCII letters upper-cased (bytes.ToUpper would also change
-// UTF-8 letters, which Python's bytes.upper does not), until the client closes.
+// UTF-8 letters, which Python's bytes.upper does not), until the client closes; or until
+// it says "bye", which ends the call from the server's side first (Data remote closed
+// while the client's side is still open).
 func chat(ctx context.Context, stream ttrpc.StreamServer) (interface{}, error) {
 	for {
 		m := &wrapperspb.BytesValue{}
@@ -206,6 +208,9 @@ func chat(ctx context.Context, stream ttrpc.StreamServer) (interface{}, error) {
 		}
 		if err := stream.SendMsg(wrapperspb.Bytes(asciiUpper(m.Value))); err != nil {
 			return nil, err
+		}
+		if string(m.Value) == "bye" {
+			return nil, nil
 		}
 	}
 }
