@@ -647,7 +647,9 @@ class ServerCodec:
                 self._inflate_pieces(src)
             p += take
         inflater = self._inflater
-        if inflater.eof:
+        if self._tail or self._more or not self._carry_ready():
+            self._need = 0  # waiting for room (a nested C frame in the carry, maybe the last)
+        elif inflater.eof:
             if inflater.unused_data or self._c_left:
                 raise RemoteProtocolError("bytes after the zlib stream in a C frame")
             if self._carry:
@@ -655,8 +657,6 @@ class ServerCodec:
             self._end_stream()
             self._unchecked = 0  # the windows it completed are good: returned now
             self._need = 0 if self._ready else 1
-        elif self._tail or self._more or not self._carry_ready():
-            self._need = 0  # waiting for room
         elif not self._c_left:
             raise RemoteProtocolError("truncated zlib stream in a C frame")
         else:

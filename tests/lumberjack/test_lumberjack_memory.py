@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import trio
 from harness import host_port, running_gateway
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import protocols.lumberjack.codec as codec_module
@@ -267,6 +267,9 @@ def big_stream(rng: random.Random) -> tuple[bytes, list[list[tuple[int, Any]]]]:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# A nested C frame at the very end of its outer one waits for room: the outer
+# stream has ended, but its last frame is not cut short.
+@example(seed=1, answers=[0, 1, 1, 0], read=64 * KiB)
 @given(
     seed=st.integers(0, 2**32 - 1),
     answers=st.lists(st.sampled_from([0, 0, 1, 10**9]), max_size=60),
@@ -292,9 +295,8 @@ def test_waiting_for_room_never_changes_what_is_parsed(
     for piece in chunks(stream, read):
         codec.receive_data(piece)
         windows += drain(codec)
-    while pending:  # the driver waits for room, then asks again without new input
+    for _ in range(len(answers) + 1):  # the driver waits for room, then asks again
         windows += drain(codec)
-    windows += drain(codec)
     codec.receive_data(b"")
     assert isinstance(codec.next_event(), ConnectionClosed)
     assert [window.events for window in windows] == expected
