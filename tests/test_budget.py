@@ -247,3 +247,18 @@ def test_a_budget_outside_trio_releases_without_trimming() -> None:
     budget.charge(100)
     budget.release(100)
     assert (budget.used, budget.trims) == (0, 0)
+
+
+def test_a_receive_buffer_says_what_it_really_holds() -> None:
+    """Parsed bytes stay until they are half the buffer: what it holds is up to twice
+    what is left to parse, and that is what a codec charges."""
+    from gateway.protocol import ReceiveBuffer
+
+    buf = ReceiveBuffer()
+    assert buf.allocated == 0
+    buf.feed(b"x" * 1000)
+    buf.advance(400)  # under half: kept
+    assert len(buf) == 600
+    assert buf.allocated >= 1000
+    buf.advance(1000)  # all parsed: dropped
+    assert (len(buf), buf.allocated) == (0, 0)

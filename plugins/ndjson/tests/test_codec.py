@@ -2003,3 +2003,17 @@ def test_pending_bytes_never_exceed_max_line_unnoticed(
             conn.next_event()
     else:
         assert conn.next_event() == ConnectionClosed()
+
+
+def test_held_bytes_count_the_lines_parsed_but_not_dropped_yet() -> None:
+    conn = NdjsonConnection(SERVER)
+    line = b'{"op":"ping"}\n'
+    conn.receive_data(line * 3 + b'{"op":"pi')
+    conn.next_event()  # one line parsed: the buffer keeps it until half of it is parsed
+    assert conn.held_bytes >= len(line) * 3 + 9
+    while conn.next_event() is not NEED_DATA:
+        pass
+    assert 9 <= conn.held_bytes < len(line) * 3  # the partial line, the parsed ones dropped
+    conn.receive_data(b'ng"}\n')
+    assert conn.next_event() is not NEED_DATA
+    assert conn.held_bytes == 0
