@@ -235,8 +235,10 @@ class _Connection:
 
     @property
     def held_bytes(self) -> int:
-        """Received bytes not yet returned as events (a partial command or block)."""
-        return len(self._buffer)
+        """What the received bytes not yet returned as events (a partial command or
+        block) really take: the receive buffer's allocation, which the memory budget
+        charges (no event objects are built before a block is whole)."""
+        return self._buffer.allocated
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Add received bytes; ``b""`` means the peer closed its sending side."""

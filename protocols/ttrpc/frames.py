@@ -114,8 +114,10 @@ class FrameReader:
 
     @property
     def held_bytes(self) -> int:
-        """Received bytes not yet returned (a partial frame), skipped data excluded."""
-        return len(self._buffer) + frames_size(self._ready)
+        """What received bytes not yet returned (a partial frame; whole frames cut and
+        not yet taken) really take: the receive buffer's allocation, which the memory
+        budget charges, and the frames' bytes; skipped data excluded."""
+        return self._buffer.allocated + frames_size(self._ready)
 
     @property
     def skipping(self) -> int:

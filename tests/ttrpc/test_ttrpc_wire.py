@@ -219,3 +219,14 @@ def test_the_go_server_s_texts_for_bad_input() -> None:
     assert statuses.deadline_exceeded() == Status(
         Code.DEADLINE_EXCEEDED, "context deadline exceeded"
     )
+
+
+def test_held_bytes_is_what_a_partial_frame_really_takes() -> None:
+    """A frame arriving in small reads grows the receive buffer with spare room; the
+    memory budget is charged that, not only the bytes received."""
+    reader = FrameReader()
+    wire = encode_frame(1, 1, 0, b"x" * 150_000)[:120_000]
+    for i in range(0, len(wire), 1000):
+        reader.receive_data(wire[i : i + 1000])
+    assert reader.frames() == []
+    assert len(wire) < reader.held_bytes <= 2 * len(wire)
