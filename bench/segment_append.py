@@ -409,7 +409,12 @@ def gateway_config(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     config: dict[str, Any] = {
         "gateway": {"log_level": "info", "data_dir": str(data_dir), "drain_timeout": "2s"},
         "metrics": {"bind": "127.0.0.1:0"},
-        "listeners": [{"name": LISTENER, "protocol": "segment", "bind": "127.0.0.1:0"}],
+        # The read phase reads every event back from offset 0: the segments the
+        # listener creates keep all of it (its default retain, 1 GiB, would let
+        # retention delete the oldest chunks of a fast run).
+        "listeners": [
+            {"name": LISTENER, "protocol": "segment", "bind": "127.0.0.1:0", "retain": "1TiB"}
+        ],
     }
     store: dict[str, Any] = {}
     if args.fsync != "interval":
