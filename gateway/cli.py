@@ -61,8 +61,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     _warn_about(config)
     from .runtime import Gateway
 
-    gateway = Gateway(config)
+    gateway: Gateway | None = None
     try:
+        gateway = Gateway(config)  # loads the protocol plugins: may fail to start too
         trio.run(_run, gateway)
     except BaseExceptionGroup as eg:
         start_errors, rest = eg.split((OSError, PluginError))
@@ -140,9 +141,9 @@ def _warn_about(config: Config) -> None:
         )
 
 
-def _log_failure(gateway: Gateway, error: BaseException) -> None:
+def _log_failure(gateway: Gateway | None, error: BaseException) -> None:
     """``cannot start`` for what failed before the gateway served, ``stopped`` after."""
-    if gateway.serving_since is None:
+    if gateway is None or gateway.serving_since is None:
         log.error("cannot start: %s", error)
     else:
         running = time.time() - gateway.serving_since

@@ -232,6 +232,13 @@ class FailingSetup(Recorder):
         raise ValueError("cannot open the cache")
 
 
+class FailingInit(Recorder):
+    name = "gamma"
+
+    def __init__(self) -> None:
+        raise PluginError("no licence for gamma")
+
+
 class FailingTeardown(Recorder):
     name = "beta"
 
@@ -356,6 +363,26 @@ def test_gateway_run_reports_a_failing_setup_and_exits_1(
     assert messages == [
         "cannot start: protocol plugin 'gamma' failed to set up: ValueError: cannot open the cache"
     ]
+
+
+def test_gateway_run_reports_a_plugin_that_cannot_be_made_and_exits_1(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plugins are made when the gateway is: before it serves, so 'cannot start'."""
+    from gateway import cli
+    from gateway import config as config_module
+
+    registry = registered(Recorder, FailingInit)
+    monkeypatch.setattr(config_module, "default_registry", lambda: registry)
+    monkeypatch.setattr("gateway.runtime.default_registry", lambda: registry)
+    path = tmp_path / "gw.toml"
+    path.write_text(
+        '[[listeners]]\nname = "g"\nprotocol = "gamma"\nbind = "127.0.0.1:0"\n', encoding="utf-8"
+    )
+    messages: list[str] = []
+    monkeypatch.setattr(cli.log, "error", lambda fmt, *a: messages.append(fmt % a))
+    assert cli.main(["run", str(path)]) == 1
+    assert messages == ["cannot start: no licence for gamma"]
 
 
 # -- ingress: a client role publishes what the remote sends, acked once safe ---------------
