@@ -104,8 +104,8 @@ async def run_gateway(
 
 @contextlib.asynccontextmanager
 async def _inprocess(config: Mapping[str, Any], tmp: Path) -> AsyncIterator[RunningGateway]:
-    from gateway.config import parse
-    from gateway.runtime import Gateway
+    from gateway.config.loader import parse
+    from gateway.runtime.gateway import Gateway
 
     gateway = Gateway(parse(config, source="<benchmark>", base_dir=tmp))
     running = RunningGateway("inprocess")

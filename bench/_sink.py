@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import trio
 
-from gateway.errors import ProtocolError
-from gateway.model import Outcome
-from gateway.receipts import Receipt
+from gateway.core.errors import ProtocolError
+from gateway.core.model import Outcome
+from gateway.core.receipts import Receipt
 from protocols.lumberjack import Window
 from protocols.lumberjack.server import ServerSettings, serve_connection
 

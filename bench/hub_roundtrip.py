@@ -16,8 +16,8 @@ import time
 
 import trio
 
-from gateway.hub import Hub
-from gateway.model import Message, Outcome, Source
+from gateway.core.hub import Hub
+from gateway.core.model import Message, Outcome, Source
 
 from . import Result, int_at_least, register
 

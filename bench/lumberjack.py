@@ -7,7 +7,7 @@ Two benchmarks, both driven by a *replay client* in the benchmark process:
     destination (``logs``, an in-memory topic) has one consuming subscriber
     that acks everything it receives. The gateway and that consumer run in
     one process of their own, started as ``python -m bench.lumberjack serve
-    CONFIG``: a :class:`~gateway.runtime.Gateway` built from the TOML file, plus
+    CONFIG``: a :class:`~gateway.runtime.gateway.Gateway` built from the TOML file, plus
     a trio task that does ``hub.subscribe("logs")``, ``await sub.receive()``
     and ``sub.ack_many(tags)`` in a loop, counting what it got. A window is
     acked to the replay client only once the consumer has acked all of its
@@ -70,7 +70,7 @@ from typing import Any
 
 import trio
 
-from gateway.errors import RemoteProtocolError
+from gateway.core.errors import RemoteProtocolError
 from protocols.lumberjack import NEED_DATA, ClientCodec, ConnectionClosed, Progress, encode_window
 
 from . import Result, add_warmup, int_at_least, register
@@ -146,7 +146,7 @@ def make_events(count: int, size: int, seed: int = 5044) -> list[bytes]:
 
 JSON = "application/json"
 _JSON_ONLY = {JSON}
-# Fields of gateway.destination.Delivery and gateway.model.Message (named tuples).
+# Fields of gateway.core.destination.Delivery and gateway.core.model.Message (named tuples).
 _TAG = operator.itemgetter(0)
 _MESSAGE = operator.itemgetter(1)
 _REDELIVERED = operator.itemgetter(2)
@@ -241,7 +241,7 @@ def serve_main(argv: Sequence[str]) -> int:
     addresses), drains and stops on SIGTERM or SIGINT, and logs the
     consumer's counts as its last line.
     """
-    from gateway.config import ConfigError, load
+    from gateway.config.loader import ConfigError, load
 
     parser = argparse.ArgumentParser(prog="python -m bench.lumberjack serve")
     parser.add_argument("config", help="the gateway's TOML config")
@@ -266,7 +266,7 @@ def serve_main(argv: Sequence[str]) -> int:
 
 
 async def _serve(config: Any, consumer: Consumer, destination: str, max_unacked: int) -> None:
-    from gateway.runtime import Gateway
+    from gateway.runtime.gateway import Gateway
 
     gateway = Gateway(config)
     async with trio.open_nursery() as nursery:
@@ -362,8 +362,8 @@ def _prepare(
 async def _inprocess_sink(
     config: Mapping[str, Any], tmp: Path, size: int, max_unacked: int
 ) -> AsyncIterator[Sink]:
-    from gateway.config import parse
-    from gateway.runtime import Gateway
+    from gateway.config.loader import parse
+    from gateway.runtime.gateway import Gateway
 
     gateway = Gateway(parse(config, source="<benchmark>", base_dir=tmp))
     consumer = Consumer(size)
@@ -446,7 +446,7 @@ def relay_config(args: argparse.Namespace, tls: bool, sink_address: str) -> dict
 
 def _make_certs(tmp: Path) -> Path:
     """A development CA and a server certificate for 127.0.0.1 in ``tmp/certs``; the CA path."""
-    from gateway.certs import init_dir
+    from gateway.config.certs import init_dir
 
     return init_dir(tmp / "certs")["ca_cert"]
 

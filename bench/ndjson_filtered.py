@@ -40,7 +40,7 @@ from interchange_ndjson.events import (
     Subscribe,
 )
 
-from gateway.filters import Filter
+from gateway.core.filters import Filter
 
 from . import Result, int_at_least, register
 from ._gateway import RunningGateway, run_gateway

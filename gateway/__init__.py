@@ -1,8 +1,8 @@
 """Interchange: a multi-protocol message gateway on trio.
 
-The package is the host: the message model (:mod:`gateway.model`), the hub
-(:mod:`gateway.hub`), the runtime that runs listeners and upstreams
-(:mod:`gateway.runtime`), transports, config and the command line. Protocols
+The package is the host: the message model (:mod:`gateway.core.model`), the hub
+(:mod:`gateway.core.hub`), the runtime that runs listeners and upstreams
+(:mod:`gateway.runtime.gateway`), transports, config and the command line. Protocols
 live in their own packages and register through entry points.
 """
 

@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from . import __version__
-from .config import Config, ConfigError, default_config, load
-from .errors import first_leaf
-from .plugin import PluginError
-from .registry import Registry, default_registry
-from .transports.base import StreamLayer, Transport
+from gateway import __version__
+from gateway.config.loader import Config, ConfigError, default_config, load
+from gateway.core.errors import first_leaf
+from gateway.protocol.plugin import PluginError
+from gateway.runtime.registry import Registry, default_registry
+from gateway.transports.base import StreamLayer, Transport
 
 if TYPE_CHECKING:
-    from .runtime import Gateway
+    from gateway.runtime.gateway import Gateway
 
 log = logging.getLogger("gateway")
 
@@ -38,7 +38,7 @@ def _load(path: str | None) -> Config:
 
 
 def _setup_logging(level: str, fmt: str = "text") -> None:
-    from .logsetup import setup_logging
+    from gateway.ops.logsetup import setup_logging
 
     setup_logging(level, fmt, unless_configured=True)
 
@@ -59,7 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.path is None:
         log.info("no config file given: running the embedded default configuration")
     _warn_about(config)
-    from .runtime import Gateway
+    from gateway.runtime.gateway import Gateway
 
     gateway: Gateway | None = None
     try:
@@ -85,7 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 async def _reload(gateway: Gateway) -> None:
-    from .reload import ReloadRefused, reload_file
+    from gateway.ops.reload import ReloadRefused, reload_file
 
     log.info("SIGHUP: reloading %s", gateway.config.path or "the config")
     try:
@@ -227,19 +227,19 @@ def _transport_detail(registry: Registry, plugin: Transport | StreamLayer) -> st
 
 
 def cmd_tap(args: argparse.Namespace) -> int:
-    from .tap_client import follow
+    from gateway.ops.tap_client import follow
 
     return follow(args.url, args.destination, filter=args.filter, fmt=args.format, limit=args.limit)
 
 
 def cmd_top(args: argparse.Namespace) -> int:
-    from .top import main as top
+    from gateway.ops.top import main as top
 
     return top(args.url, once=args.once, interval=args.interval)
 
 
 def cmd_certs_init(args: argparse.Namespace) -> int:
-    from .certs import init_dir
+    from gateway.config.certs import init_dir
 
     hosts = {"hosts": args.host} if args.host else {}
     try:
@@ -260,8 +260,8 @@ def _store_dir(args: argparse.Namespace) -> Path:
 
 
 def cmd_store_inspect(args: argparse.Namespace) -> int:
-    from .store.layout import UnknownFormat
-    from .store.report import inspect_lines, scan
+    from gateway.store.layout import UnknownFormat
+    from gateway.store.report import inspect_lines, scan
 
     try:
         directory = _store_dir(args)
@@ -278,8 +278,8 @@ def cmd_store_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_store_verify(args: argparse.Namespace) -> int:
-    from .store.layout import UnknownFormat
-    from .store.report import scan, verify_lines
+    from gateway.store.layout import UnknownFormat
+    from gateway.store.report import scan, verify_lines
 
     try:
         directory = _store_dir(args)

@@ -12,10 +12,10 @@ from typing import Any
 import trio
 import trio.testing
 
-from gateway.config import parse
-from gateway.destination import Delivery, Subscription
-from gateway.registry import Registry
-from gateway.runtime import Gateway
+from gateway.config.loader import parse
+from gateway.core.destination import Delivery, Subscription
+from gateway.runtime.gateway import Gateway
+from gateway.runtime.registry import Registry
 
 
 @asynccontextmanager

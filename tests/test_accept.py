@@ -1,4 +1,4 @@
-"""The shared accept loop (gateway.accept.accept_forever): out of descriptors is not a crash."""
+"""The shared accept loop (runtime.accept.accept_forever): out of descriptors is not a crash."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 import trio
 import trio.testing
 
-from gateway.accept import CAPACITY_ERRNOS, accept_forever
-from gateway.logs import Throttled
-from gateway.metrics import Metrics
+from gateway.ops.loglines import Throttled
+from gateway.ops.metrics import Metrics
+from gateway.runtime.accept import CAPACITY_ERRNOS, accept_forever
 
 LOGGER = "test.accept"
 

@@ -27,9 +27,9 @@ import trio
 from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
 
-from gateway.config import ConfigError, default_config, parse
-from gateway.runtime import Gateway
-from gateway.tap_client import follow
+from gateway.config.loader import ConfigError, default_config, parse
+from gateway.ops.tap_client import follow
+from gateway.runtime.gateway import Gateway
 
 TIMEOUT = 10.0
 CLIENT_TIMEOUT = 5.0
@@ -480,7 +480,7 @@ def test_a_bad_admin_table_names_the_key(admin: dict[str, Any], key: str, words:
 
 
 def test_the_tracker_turns_counters_into_rates_over_its_window() -> None:
-    from gateway.status import StatusTracker
+    from gateway.ops.status import StatusTracker
 
     gw = Gateway(parse(config(), source="test.toml"))
     now = [100.0]
@@ -573,7 +573,7 @@ def _status_with_group(**group: int) -> dict[str, Any]:
     ],
 )
 def test_hints_count_in_words_that_agree(group: dict[str, int], text: str) -> None:
-    from gateway.status import hints
+    from gateway.ops.status import hints
 
     [hint] = hints(_status_with_group(**group))
     assert hint["subject"] == "destination jobs"

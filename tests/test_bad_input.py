@@ -14,7 +14,7 @@ import trio
 from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
 
-from gateway.certs import init_dir
+from gateway.config.certs import init_dir
 
 Connect = Callable[[], Awaitable[trio.abc.Stream]]
 

@@ -10,12 +10,12 @@ from harness import receive_now, settle, start
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import gateway.budget
-from gateway.budget import MemoryBudget
-from gateway.destination import Subscription
-from gateway.hub import Hub, HubLimits
-from gateway.model import MESSAGE_OVERHEAD, Message, Outcome
-from gateway.topic import Topic, TopicLimits
+import gateway.core.budget
+from gateway.core.budget import MemoryBudget
+from gateway.core.destination import Subscription
+from gateway.core.hub import Hub, HubLimits
+from gateway.core.model import MESSAGE_OVERHEAD, Message, Outcome
+from gateway.core.topic import Topic, TopicLimits
 
 KIB = 1024
 
@@ -100,7 +100,7 @@ async def test_a_group_leaving_keeps_the_count_exact() -> None:
     topic = Topic("t", TopicLimits(64 * KIB, 1000, budget))
     first = topic.subscribe(None)
     second = topic.subscribe("g")
-    from gateway.receipts import Receipt
+    from gateway.core.receipts import Receipt
 
     receipt = Receipt()
     await topic.put_many([msg("t")] * 4, receipt)
@@ -129,7 +129,7 @@ def test_the_budget_always_equals_what_groups_hold(ops: list[tuple[str, int, int
         budget = MemoryBudget(10**9)
         topic = Topic("t", TopicLimits(64 * KIB, 1000, budget))
         subs: list[Subscription | None] = [topic.subscribe(None), topic.subscribe("g"), None]
-        from gateway.receipts import Receipt
+        from gateway.core.receipts import Receipt
 
         for op, i, n in ops:
             sub = subs[i]
@@ -212,7 +212,7 @@ async def test_a_large_release_trims_the_heap_once_per_interval(
     monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock
 ) -> None:
     trims: list[float] = []
-    monkeypatch.setattr(gateway.budget, "trim_heap", lambda: trims.append(trio.current_time()))
+    monkeypatch.setattr(gateway.core.budget, "trim_heap", lambda: trims.append(trio.current_time()))
     budget = MemoryBudget(10**9, trim_after=100)
     account = budget.account(10**9)
     account.hold(1000)
@@ -223,23 +223,23 @@ async def test_a_large_release_trims_the_heap_once_per_interval(
     start_at = trio.current_time()
     account.hold(800)  # 200 below the level of 1000: trimmed after the interval
     account.hold(0)  # the same burst: trimmed once
-    await trio.sleep(gateway.budget.TRIM_INTERVAL / 2)
+    await trio.sleep(gateway.core.budget.TRIM_INTERVAL / 2)
     assert trims == []
-    await trio.sleep(gateway.budget.TRIM_INTERVAL)
-    assert trims == [start_at + gateway.budget.TRIM_INTERVAL]
+    await trio.sleep(gateway.core.budget.TRIM_INTERVAL)
+    assert trims == [start_at + gateway.core.budget.TRIM_INTERVAL]
     assert budget.trims == 1
     account.hold(1000)
     account.hold(0)  # a new level, a new release: trimmed again, a second later
-    await trio.sleep(5 * gateway.budget.TRIM_INTERVAL)
+    await trio.sleep(5 * gateway.core.budget.TRIM_INTERVAL)
     assert len(trims) == 2
     account.hold(50)
     account.hold(0)  # small: not trimmed
-    await trio.sleep(5 * gateway.budget.TRIM_INTERVAL)
+    await trio.sleep(5 * gateway.core.budget.TRIM_INTERVAL)
     assert len(trims) == 2
 
 
 def test_the_heap_can_be_trimmed() -> None:
-    assert gateway.budget.trim_heap() is (gateway.budget._TRIM is not None)
+    assert gateway.core.budget.trim_heap() is (gateway.core.budget._TRIM is not None)
 
 
 def test_a_budget_outside_trio_releases_without_trimming() -> None:

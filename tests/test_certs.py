@@ -11,7 +11,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from gateway import certs
+from gateway.config import certs
 
 FILES = ("ca.pem", "ca.key", "server.pem", "server.key", "client.pem", "client.key")
 

@@ -11,11 +11,11 @@ from typing import ClassVar
 
 import pytest
 
-from gateway.config import Config, ConfigError, StoreSettings, default_config, load
-from gateway.hub import HubLimits
-from gateway.plugin import Option, ProtocolPlugin, Role
-from gateway.registry import Registered, Registry, default_registry
-from gateway.routing import Route
+from gateway.config.loader import Config, ConfigError, StoreSettings, default_config, load
+from gateway.core.hub import HubLimits
+from gateway.core.routing import Route
+from gateway.protocol.plugin import Option, ProtocolPlugin, Role
+from gateway.runtime.registry import Registered, Registry, default_registry
 
 # -- a fake protocol registry ---------------------------------------------------------
 
@@ -76,7 +76,7 @@ def registry() -> Registry:
 @pytest.fixture
 def certs(tmp_path: Path) -> dict[str, Path]:
     """A CA, server and client certificate in ``tmp_path/certs``."""
-    from gateway.certs import init_dir
+    from gateway.config.certs import init_dir
 
     return init_dir(tmp_path / "certs")
 
@@ -309,7 +309,7 @@ def test_plugin_options_are_converted(tmp_path: Path, registry: Registry) -> Non
 def test_relative_paths_resolve_against_config_folder(
     tmp_path: Path, registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gateway.certs import init_dir
+    from gateway.config.certs import init_dir
 
     conf_dir = tmp_path / "etc" / "gateway"
     init_dir(conf_dir / "pki")
@@ -731,7 +731,7 @@ def test_several_errors_reported_together(tmp_path: Path, registry: Registry) ->
 # -- the command line ---------------------------------------------------------------------
 
 FAKE_PLUGIN_MODULE = """
-from gateway.plugin import Option, ProtocolPlugin
+from gateway.protocol.plugin import Option, ProtocolPlugin
 
 
 class Fake(ProtocolPlugin):

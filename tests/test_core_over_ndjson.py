@@ -22,10 +22,10 @@ from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
 from interchange_ndjson.events import Deliver, End, Publish, Published, Replied
 
-from gateway.errors import LocalProtocolError
-from gateway.filters import Filter
-from gateway.model import Reply
-from gateway.runtime import Gateway
+from gateway.core.errors import LocalProtocolError
+from gateway.core.filters import Filter
+from gateway.core.model import Reply
+from gateway.runtime.gateway import Gateway
 
 
 def config(**extra: Any) -> dict[str, Any]:

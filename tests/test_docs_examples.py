@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from documented import toml_configs
 
-from gateway.certs import init_dir
-from gateway.config import load
+from gateway.config.certs import init_dir
+from gateway.config.loader import load
 
 CONFIGS = toml_configs()
 

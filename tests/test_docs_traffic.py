@@ -37,11 +37,11 @@ from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
 from test_runtime_tls import client_context
 
-from gateway.certs import init_dir
-from gateway.config import default_data
-from gateway.registry import default_registry
-from gateway.runtime import Gateway
-from gateway.status import snapshot
+from gateway.config.certs import init_dir
+from gateway.config.loader import default_data
+from gateway.ops.status import snapshot
+from gateway.runtime.gateway import Gateway
+from gateway.runtime.registry import default_registry
 from protocols.lumberjack.client import LumberjackClient
 from protocols.segment.client import Appender, run_appender
 from protocols.ttrpc import messaging_pb2

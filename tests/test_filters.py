@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.filters import Condition, Filter, FilterError, Op
-from gateway.model import Message
+from gateway.core.filters import Condition, Filter, FilterError, Op
+from gateway.core.model import Message
 
 TEXT_OPS = (Op.PREFIX, Op.SUFFIX, Op.CONTAINS, Op.NOT_CONTAINS)
 ORDER_OPS = (Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE)
@@ -315,7 +315,7 @@ def test_json_round_trip_examples() -> None:
     assert Filter.from_json(json.loads(json.dumps(f.to_json()))) == f
 
 
-# A reference evaluator, written separately from gateway/filters.py, for the properties.
+# A reference evaluator, written separately from gateway/core/filters.py, for the properties.
 
 
 def ref_number(s: str) -> int | float | None:

@@ -13,14 +13,14 @@ from harness import Task, receive_now, settle, start
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.catalog import Catalog, DestinationSpec
-from gateway.destination import Delivery, Subscription
-from gateway.filters import Filter
-from gateway.hub import Hub, HubLimits
-from gateway.model import MESSAGE_OVERHEAD, Message, Outcome
-from gateway.receipts import Receipt, Result
-from gateway.routing import Route, Router
-from gateway.topic import TopicLimits
+from gateway.core.destination import Delivery, Subscription
+from gateway.core.filters import Filter
+from gateway.core.hub import Hub, HubLimits
+from gateway.core.model import MESSAGE_OVERHEAD, Message, Outcome
+from gateway.core.receipts import Receipt, Result
+from gateway.core.routing import Route, Router
+from gateway.core.topic import TopicLimits
+from gateway.runtime.catalog import Catalog, DestinationSpec
 
 # -- helpers ------------------------------------------------------------------------
 

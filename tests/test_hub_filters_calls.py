@@ -29,10 +29,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from gateway.filters import Condition, Filter, Op
-from gateway.hub import Hub, HubLimits
-from gateway.model import MESSAGE_OVERHEAD, Message, Outcome, Reply
-from gateway.receipts import Receipt
+from gateway.core.filters import Condition, Filter, Op
+from gateway.core.hub import Hub, HubLimits
+from gateway.core.model import MESSAGE_OVERHEAD, Message, Outcome, Reply
+from gateway.core.receipts import Receipt
 
 RED = Filter.equals(color="red")
 N_GT_3 = Filter((Condition("n", Op.GT, 3),))

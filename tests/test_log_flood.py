@@ -18,8 +18,8 @@ import pytest
 import trio
 from harness import host_port, running_gateway
 
-from gateway.logs import MAX_MESSAGE
-from gateway.logsetup import setup_logging
+from gateway.ops.loglines import MAX_MESSAGE
+from gateway.ops.logsetup import setup_logging
 from gateway.protocol import NEED_DATA, ConnectionClosed
 from protocols.segment.codec import ClientConnection
 from protocols.segment.commands import Hello, SetupAppend

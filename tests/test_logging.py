@@ -19,9 +19,9 @@ import trio
 from harness import host_port, running_gateway
 
 from gateway.cli import build_parser
-from gateway.config import ConfigError, parse
-from gateway.logsetup import JsonFormatter, log_context, parse_level, setup_logging
-from gateway.runtime import Gateway
+from gateway.config.loader import ConfigError, parse
+from gateway.ops.logsetup import JsonFormatter, log_context, parse_level, setup_logging
+from gateway.runtime.gateway import Gateway
 
 
 @pytest.fixture
@@ -157,7 +157,7 @@ def test_gateway_run_logs_json_lines(tmp_path: Path) -> None:
                 break
         serving = records[-1]
         assert serving["level"] == "INFO"
-        assert serving["logger"] == "gateway.runtime"
+        assert serving["logger"] == "gateway.runtime.gateway"
         assert serving["message"].startswith("serving: nd (ndjson) on 127.0.0.1:")
     finally:
         proc.send_signal(signal.SIGINT)

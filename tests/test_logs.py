@@ -1,4 +1,4 @@
-"""Rate-limited logging (gateway.logs.Throttled): one line per reason per interval."""
+"""Rate-limited logging (gateway.ops.loglines.Throttled): one line per reason per interval."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import logging
 import pytest
 import trio
 
-import gateway.logs
-from gateway.logs import Throttled
-from gateway.metrics import Metrics
+import gateway.ops.loglines
+from gateway.ops.loglines import Throttled
+from gateway.ops.metrics import Metrics
 
 LOGGER = "test.throttled"
 
@@ -63,7 +63,7 @@ def test_the_first_line_is_logged_at_once_naming_its_caller(
     assert record.levelno == logging.WARNING
     assert record.getMessage() == "listener tcp: EMFILE"
     assert record.exc_info is None
-    # The record points at the code that logged, not at gateway/logs.py.
+    # The record points at the code that logged, not at gateway/ops/loglines.py.
     assert record.funcName == "test_the_first_line_is_logged_at_once_naming_its_caller"
     assert record.pathname == __file__
 
@@ -230,7 +230,7 @@ def test_the_default_clock_outside_trio_is_monotonic(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     now = [50.0]
-    monkeypatch.setattr(gateway.logs.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(gateway.ops.loglines.time, "monotonic", lambda: now[0])
     t = Throttled(logging.getLogger(LOGGER), 10.0)
     t.warning("r", "one")
     t.warning("r", "two")
@@ -279,7 +279,7 @@ def test_bad_arguments_are_refused(interval: float, max_reasons: int) -> None:
 
 def guarded(clock: FakeClock, metrics: Metrics | None = None) -> tuple[logging.Logger, list[str]]:
     """A logger whose one handler has a fresh LineGuard; returns it and its output."""
-    guard = gateway.logs.LineGuard(clock=clock)
+    guard = gateway.ops.loglines.LineGuard(clock=clock)
     if metrics is not None:
         guard.suppressed = metrics.log_lines_suppressed
     lines: list[str] = []
@@ -314,9 +314,9 @@ def test_a_long_message_and_a_long_traceback_are_cut(clock: FakeClock) -> None:
         raise ValueError("y" * 100_000)
     except ValueError:
         logger.exception("failed")
-    assert len(lines[0]) < gateway.logs.MAX_MESSAGE + 100
+    assert len(lines[0]) < gateway.ops.loglines.MAX_MESSAGE + 100
     assert "more characters cut" in lines[0]
-    assert len(lines[1]) < gateway.logs.MAX_EXCEPTION + 200
+    assert len(lines[1]) < gateway.ops.loglines.MAX_EXCEPTION + 200
 
 
 def test_lines_about_peers_are_rate_limited_per_template(clock: FakeClock) -> None:

@@ -1,7 +1,7 @@
 """Log destinations, tested through the public Destination/Subscription interface only.
 
 Every test takes ``make_log``, a factory parametrized by implementation: the in-memory
-:class:`~gateway.memlog.MemoryLog` and the durable :class:`~gateway.store.durable.DurableLog`
+:class:`~gateway.core.memory_log.MemoryLog` and the durable :class:`~gateway.durable.log.DurableLog`
 (each log in a segment store of its own, in the test's tmp dir; once with its cache of
 recent messages, once reading every message back from the segment), which must pass the
 same suite. Messages are published as the hub does (``put_many`` into a fresh receipt, then
@@ -33,13 +33,13 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from gateway.destination import Delivery, Destination, EndOfStream, Subscription
-from gateway.filters import Filter
-from gateway.memlog import MemoryLog
-from gateway.model import MESSAGE_OVERHEAD, Message, Outcome, Position, Reply
-from gateway.receipts import Receipt
+from gateway.core.destination import Delivery, Destination, EndOfStream, Subscription
+from gateway.core.filters import Filter
+from gateway.core.memory_log import MemoryLog
+from gateway.core.model import MESSAGE_OVERHEAD, Message, Outcome, Position, Reply
+from gateway.core.receipts import Receipt
+from gateway.durable.log import DurableLog
 from gateway.store import Store
-from gateway.store.durable import DurableLog
 
 # -- the implementations under test -------------------------------------------------
 

@@ -24,10 +24,10 @@ import trio
 from harness import host_port, running_gateway
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.config import ConfigError, default_config, parse
-from gateway.plugin import ProtocolPlugin, ServerConnection
-from gateway.registry import Registered, Registry, default_registry
-from gateway.runtime import Gateway
+from gateway.config.loader import ConfigError, default_config, parse
+from gateway.protocol.plugin import ProtocolPlugin, ServerConnection
+from gateway.runtime.gateway import Gateway
+from gateway.runtime.registry import Registered, Registry, default_registry
 
 #: Seconds any one test may take end to end (the endpoint's idle timeout is 10 s).
 TIMEOUT = 8.0
@@ -518,7 +518,7 @@ def refused_metrics(gw: Gateway) -> float | None:
 async def test_connections_beyond_max_connections_get_503_and_are_closed(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="gateway.metrics")
+    caplog.set_level(logging.WARNING, logger="gateway.ops.metrics")
     config = metrics_config(metrics={"bind": "127.0.0.1:0", "max_connections": 2})
     async with running_gateway(config) as gw:
         address = gw.metrics_addresses[0]
@@ -535,7 +535,7 @@ async def test_connections_beyond_max_connections_get_503_and_are_closed(
                 assert b"\r\nconnection: close" in head.lower()
                 assert b"interchange_" not in body
             assert refused_metrics(gw) == 3
-            warnings = [r for r in caplog.records if r.name == "gateway.metrics"]
+            warnings = [r for r in caplog.records if r.name == "gateway.ops.metrics"]
             assert len(warnings) == 1, [r.getMessage() for r in warnings]  # rate-limited
             assert "max_connections" in warnings[0].getMessage()
             assert warnings[0].exc_info is None

@@ -22,16 +22,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_metrics_endpoint import http_request
 
 from gateway import __version__
-from gateway.hub import Hub, HubLimits
-from gateway.metrics import (
+from gateway.core.hub import Hub, HubLimits
+from gateway.core.model import MESSAGE_OVERHEAD, Message, Outcome
+from gateway.ops.metrics import (
     ANONYMOUS_GROUP,
     PUBLISH_REASONS,
     HubCollector,
     Metrics,
     publish_reason,
 )
-from gateway.model import MESSAGE_OVERHEAD, Message, Outcome
-from gateway.runtime import Gateway
+from gateway.runtime.gateway import Gateway
 
 BUFFER = 4096
 

@@ -12,10 +12,10 @@ import pytest
 from test_config import config_errors
 from test_config import write as write_config
 
-from gateway.config import Config, load
-from gateway.options import REQUIRED, Option
-from gateway.plugin import ProtocolPlugin, Role
-from gateway.registry import Registered, Registry, default_registry
+from gateway.config.loader import Config, load
+from gateway.protocol.options import REQUIRED, Option
+from gateway.protocol.plugin import ProtocolPlugin, Role
+from gateway.runtime.registry import Registered, Registry, default_registry
 
 # -- fake protocols ---------------------------------------------------------------------
 
@@ -568,16 +568,16 @@ def test_existing_positional_declarations_still_work() -> None:
 
 
 def test_option_is_the_same_class_from_gateway_plugin() -> None:
-    import gateway.plugin
+    import gateway.protocol.plugin
 
-    assert gateway.plugin.Option is Option
+    assert gateway.protocol.plugin.Option is Option
 
 
 # -- the command line ------------------------------------------------------------------
 
 PLUGIN_MODULE = """
-from gateway.options import REQUIRED, Option
-from gateway.plugin import ProtocolPlugin
+from gateway.protocol.options import REQUIRED, Option
+from gateway.protocol.plugin import ProtocolPlugin
 
 
 class Proxy(ProtocolPlugin):

@@ -16,9 +16,9 @@ import trio
 from harness import host_port, running_gateway
 from toy_line import ToyLinePlugin, registered
 
-from gateway.config import parse
-from gateway.plugin import PluginEnv, PluginError, ProtocolPlugin, Role, ServerConnection
-from gateway.runtime import Gateway
+from gateway.config.loader import parse
+from gateway.protocol.plugin import PluginEnv, PluginError, ProtocolPlugin, Role, ServerConnection
+from gateway.runtime.gateway import Gateway
 
 # -- a line server standing in for a service behind the proxy --------------------------------
 
@@ -162,7 +162,7 @@ async def a_connection(config: dict[str, Any], registry: Any) -> ServerConnectio
 
 
 async def test_a_listener_reaches_only_upstreams_of_its_own_protocol() -> None:
-    from gateway.registry import Registry, default_registry
+    from gateway.runtime.registry import Registry, default_registry
 
     config = proxy_config(0)
     config["upstreams"].append({"name": "other", "protocol": "ndjson", "connect": "127.0.0.1:9"})
@@ -337,7 +337,7 @@ async def test_a_failing_teardown_is_logged_and_the_others_still_run(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     LOG.clear()
-    with caplog.at_level(logging.ERROR, logger="gateway.runtime"):
+    with caplog.at_level(logging.ERROR, logger="gateway.runtime.gateway"):
         async with running_gateway(two_listeners(), registry=registered(Recorder, FailingTeardown)):
             pass
     assert "teardown alpha" in LOG
@@ -348,11 +348,11 @@ def test_gateway_run_reports_a_failing_setup_and_exits_1(
     tmp_path: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from gateway import cli
-    from gateway import config as config_module
+    from gateway.config import loader as config_module
 
     registry = registered(Recorder, FailingSetup)
     monkeypatch.setattr(config_module, "default_registry", lambda: registry)
-    monkeypatch.setattr("gateway.runtime.default_registry", lambda: registry)
+    monkeypatch.setattr("gateway.runtime.gateway.default_registry", lambda: registry)
     path = tmp_path / "gw.toml"
     path.write_text(
         '[[listeners]]\nname = "g"\nprotocol = "gamma"\nbind = "127.0.0.1:0"\n', encoding="utf-8"
@@ -370,11 +370,11 @@ def test_gateway_run_reports_a_plugin_that_cannot_be_made_and_exits_1(
 ) -> None:
     """Plugins are made when the gateway is: before it serves, so 'cannot start'."""
     from gateway import cli
-    from gateway import config as config_module
+    from gateway.config import loader as config_module
 
     registry = registered(Recorder, FailingInit)
     monkeypatch.setattr(config_module, "default_registry", lambda: registry)
-    monkeypatch.setattr("gateway.runtime.default_registry", lambda: registry)
+    monkeypatch.setattr("gateway.runtime.gateway.default_registry", lambda: registry)
     path = tmp_path / "gw.toml"
     path.write_text(
         '[[listeners]]\nname = "g"\nprotocol = "gamma"\nbind = "127.0.0.1:0"\n', encoding="utf-8"

@@ -17,7 +17,7 @@ import pytest
 import trio
 from harness import host_port, running_gateway
 
-from gateway.runtime import Gateway
+from gateway.runtime.gateway import Gateway
 from protocols.lumberjack.codec import EVENT_OVERHEAD, INFLATER_STATE
 from protocols.lumberjack.frames import compressed_frame, json_frame, window_frame
 

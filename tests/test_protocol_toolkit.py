@@ -27,7 +27,8 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.model import Outcome
+from gateway.core.model import Outcome
+from gateway.core.receipts import Receipt
 from gateway.protocol import (
     NEED_DATA,
     Answers,
@@ -38,7 +39,6 @@ from gateway.protocol import (
     RemoteProtocolError,
     Session,
 )
-from gateway.receipts import Receipt
 
 # -- helpers --------------------------------------------------------------------------
 

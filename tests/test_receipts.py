@@ -11,8 +11,8 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.model import Outcome, Position, Reply
-from gateway.receipts import Receipt, Result
+from gateway.core.model import Outcome, Position, Reply
+from gateway.core.receipts import Receipt, Result
 
 # -- legs and sealing ---------------------------------------------------------------
 

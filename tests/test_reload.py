@@ -16,10 +16,10 @@ import trio
 from harness import host_port
 from interchange_ndjson.client import NdjsonClient
 
-from gateway.certs import init_dir
-from gateway.config import load
-from gateway.reload import ReloadRefused, reload_file
-from gateway.runtime import Gateway
+from gateway.config.certs import init_dir
+from gateway.config.loader import load
+from gateway.ops.reload import ReloadRefused, reload_file
+from gateway.runtime.gateway import Gateway
 
 
 def listener(name: str, **extra: Any) -> str:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.routing import UPSTREAM_PREFIX, Route, RouteError, Router
+from gateway.core.routing import UPSTREAM_PREFIX, Route, RouteError, Router
 
 
 def router(*routes: tuple[str, list[str] | str]) -> Router:

@@ -12,11 +12,11 @@ import trio.testing
 from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
 
-from gateway.config import parse
-from gateway.model import Outcome
-from gateway.plugin import ProtocolPlugin, ServerConnection
-from gateway.registry import Registered, Registry, default_registry
-from gateway.runtime import Gateway
+from gateway.config.loader import parse
+from gateway.core.model import Outcome
+from gateway.protocol.plugin import ProtocolPlugin, ServerConnection
+from gateway.runtime.gateway import Gateway
+from gateway.runtime.registry import Registered, Registry, default_registry
 
 
 def ndjson_listener(**extra: Any) -> dict[str, Any]:

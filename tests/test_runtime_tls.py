@@ -11,7 +11,7 @@ import trio
 from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
 
-from gateway.certs import create_ca, init_dir, issue
+from gateway.config.certs import create_ca, init_dir, issue
 
 
 @pytest.fixture(scope="module")

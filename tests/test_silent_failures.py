@@ -15,8 +15,8 @@ import trio
 from harness import running_gateway
 
 from gateway import cli
-from gateway.config import ConfigError, parse
-from gateway.registry import Registered, Registry, default_registry
+from gateway.config.loader import ConfigError, parse
+from gateway.runtime.registry import Registered, Registry, default_registry
 
 
 def _upstream_config(address: str) -> dict[str, Any]:

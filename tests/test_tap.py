@@ -8,11 +8,11 @@ import pytest
 import trio
 from harness import receive_now
 
-from gateway.filters import Filter
-from gateway.hub import Hub
-from gateway.model import Message, Outcome, Source
-from gateway.routing import Route, Router
-from gateway.tap import Tap, TapEvent, render, tap_filter
+from gateway.core.filters import Filter
+from gateway.core.hub import Hub
+from gateway.core.model import Message, Outcome, Source
+from gateway.core.routing import Route, Router
+from gateway.ops.tap import Tap, TapEvent, render, tap_filter
 
 
 def msg(n: int, destination: str = "logs", **headers: str) -> Message:

@@ -14,8 +14,8 @@ import trio
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from gateway import certs
-from gateway.model import PeerIdentity
+from gateway.config import certs
+from gateway.core.model import PeerIdentity
 from gateway.transports import TlsClientSettings, TlsServerSettings
 from gateway.transports.tcp import transport as tcp
 from gateway.transports.tls import TlsLayer, identity_from_der

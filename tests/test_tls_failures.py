@@ -25,9 +25,9 @@ from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
 from test_runtime_tls import tls_listener
 
-from gateway.certs import create_ca, init_dir, issue
-from gateway.plugin import describe_error
-from gateway.runtime import Gateway
+from gateway.config.certs import create_ca, init_dir, issue
+from gateway.protocol.plugin import describe_error
+from gateway.runtime.gateway import Gateway
 from gateway.transports.tls import (
     HANDSHAKE_FAILURE_REASONS,
     TlsHandshakeError,

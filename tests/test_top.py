@@ -1,7 +1,7 @@
 """``gateway top``: the terminal view of the admin API's status.
 
 The command runs as users run it, in a subprocess, against a gateway running
-in this process; :func:`gateway.top.render` is also checked on its own.
+in this process; :func:`gateway.ops.top.render` is also checked on its own.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
 from rich.console import Console
 
-from gateway.top import render
+from gateway.ops.top import render
 
 GATEWAY = [sys.executable, "-m", "gateway"]
 TIMEOUT = 30.0

@@ -33,10 +33,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from gateway.destination import Delivery, Subscription
-from gateway.hub import Hub, HubLimits
-from gateway.model import MESSAGE_OVERHEAD, Message, Outcome
-from gateway.receipts import Receipt, Result
+from gateway.core.destination import Delivery, Subscription
+from gateway.core.hub import Hub, HubLimits
+from gateway.core.model import MESSAGE_OVERHEAD, Message, Outcome
+from gateway.core.receipts import Receipt, Result
 
 # -- helpers ------------------------------------------------------------------------
 

@@ -19,11 +19,11 @@ from interchange_ndjson.client import NdjsonClient
 from toy_transport import CLIENT_HELLO, ToyStream, ToyTransport, toy_registered
 
 import gateway.cli
-import gateway.config
-from gateway.certs import init_dir
-from gateway.config import ConfigError, parse
-from gateway.model import PeerIdentity
-from gateway.registry import Registered, Registry, default_registry
+import gateway.config.loader
+from gateway.config.certs import init_dir
+from gateway.config.loader import ConfigError, parse
+from gateway.core.model import PeerIdentity
+from gateway.runtime.registry import Registered, Registry, default_registry
 from gateway.transports import SocketTransport, Transport
 from gateway.transports.tls import TlsLayer
 from gateway.transports.tls import transport as builtin_tls

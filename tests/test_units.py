@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.units import parse_duration, parse_size
+from gateway.config.units import parse_duration, parse_size
 
 
 @pytest.mark.parametrize(

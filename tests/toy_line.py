@@ -1,7 +1,7 @@
 """A toy line protocol that exercises every seam of the plugin interface, for tests.
 
 ``toyline`` is one line per frame. It is not shipped: tests register it in a
-:class:`~gateway.registry.Registry` of their own.
+:class:`~gateway.runtime.registry.Registry` of their own.
 
 * **Server role: a transparent proxy.** Each line a client sends is forwarded,
   unchanged and without the hub, to the listener's ``upstream`` (an upstream
@@ -28,17 +28,8 @@ from typing import Any, ClassVar
 
 import trio
 
-from gateway.model import Message, Outcome
-from gateway.options import REQUIRED, Option
-from gateway.plugin import (
-    ConnectionInfo,
-    PluginEnv,
-    ProtocolPlugin,
-    Role,
-    ServerConnection,
-    Upstream,
-    UpstreamContext,
-)
+from gateway.core.model import Message, Outcome
+from gateway.core.receipts import Receipt
 from gateway.protocol import (
     NEED_DATA,
     ConnectionClosed,
@@ -47,7 +38,16 @@ from gateway.protocol import (
     RemoteProtocolError,
     Session,
 )
-from gateway.receipts import Receipt
+from gateway.protocol.options import REQUIRED, Option
+from gateway.protocol.plugin import (
+    ConnectionInfo,
+    PluginEnv,
+    ProtocolPlugin,
+    Role,
+    ServerConnection,
+    Upstream,
+    UpstreamContext,
+)
 
 MAX_LINE = 65536
 
@@ -211,7 +211,7 @@ class ToyLinePlugin(ProtocolPlugin):
 
 def registered(*plugins: type[ProtocolPlugin]) -> Any:
     """A registry with the installed transports and ``plugins`` as its protocols."""
-    from gateway.registry import Registered, Registry, default_registry
+    from gateway.runtime.registry import Registered, Registry, default_registry
 
     return Registry(
         {

@@ -1,7 +1,7 @@
 """The protocol toolkit: what every protocol's codec and driver share.
 
 * :mod:`.events`: the vocabulary of a sans-IO codec, :data:`NEED_DATA` and
-  :class:`ConnectionClosed`, beside the errors of :mod:`gateway.errors`
+  :class:`ConnectionClosed`, beside the errors of :mod:`gateway.core.errors`
   (``RemoteProtocolError``, ``LocalProtocolError``);
 * :mod:`.buffer`: :class:`ReceiveBuffer`, received bytes parsed by offset;
 * :mod:`.answers`: :class:`Answers`, what a connection owes its peer until
@@ -17,14 +17,13 @@ vocabulary from here.
 
 from typing import TYPE_CHECKING, Any
 
-from gateway.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
-
-from .buffer import ReceiveBuffer
-from .events import NEED_DATA, ConnectionClosed, NeedData
+from gateway.core.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from gateway.protocol.buffer import ReceiveBuffer
+from gateway.protocol.events import NEED_DATA, ConnectionClosed, NeedData
 
 if TYPE_CHECKING:
-    from .answers import Answer, AnswerFn, Answers
-    from .session import Codec, NotKept, Session
+    from gateway.protocol.answers import Answer, AnswerFn, Answers
+    from gateway.protocol.session import Codec, NotKept, Session
 
 #: Names whose modules import trio: loaded on first use (PEP 562).
 _LAZY = dict.fromkeys(("Answer", "AnswerFn", "Answers"), "answers") | dict.fromkeys(

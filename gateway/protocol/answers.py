@@ -1,7 +1,7 @@
 """Answers owed to a peer, each written once its receipt settles ("no ack before safe").
 
 A protocol hands a message to the hub and gets a
-:class:`~gateway.receipts.Receipt`; the peer may be answered only once that
+:class:`~gateway.core.receipts.Receipt`; the peer may be answered only once that
 receipt has settled. :class:`Answers` holds what is owed, bounded by ``limit``:
 
 * **ordered** (Lumberjack windows, stream positions): answers go out in the
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from gateway.receipts import Receipt
+from gateway.core.receipts import Receipt
 
 __all__ = ["Answer", "AnswerFn", "Answers"]
 

@@ -9,7 +9,7 @@ buffer, so the cost of compaction stays linear in the bytes received.
 
 from __future__ import annotations
 
-from gateway.errors import LocalProtocolError
+from gateway.core.errors import LocalProtocolError
 
 __all__ = ["ReceiveBuffer"]
 

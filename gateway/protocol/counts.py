@@ -2,7 +2,7 @@
 
 A session or client calls ``inc``/``observe`` on what it is given: the
 gateway's plugin passes metric children labelled with the listener or
-upstream (``prometheus_client`` children and :class:`~gateway.metrics.Tally`
+upstream (``prometheus_client`` children and :class:`~gateway.ops.metrics.Tally`
 both fit), a library user passes nothing, and :data:`NOTHING` counts nothing.
 """
 

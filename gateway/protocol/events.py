@@ -3,8 +3,8 @@
 A codec's ``next_event()`` returns :data:`NEED_DATA` when no whole event has
 arrived yet and a :class:`ConnectionClosed` once the peer closed its side and
 every event before that was returned. Errors are
-:class:`~gateway.errors.RemoteProtocolError` (the peer broke the protocol) and
-:class:`~gateway.errors.LocalProtocolError` (we asked the codec for something
+:class:`~gateway.core.errors.RemoteProtocolError` (the peer broke the protocol) and
+:class:`~gateway.core.errors.LocalProtocolError` (we asked the codec for something
 its state does not allow). One shared vocabulary lets one driver run every
 protocol.
 """

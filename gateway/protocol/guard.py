@@ -7,7 +7,7 @@ every protocol built on the skeleton gets the protections without asking:
 * **progress**: the idle timeout restarts on useful progress (a unit received
   whole, an answer written, a delivery acked), never on bytes alone;
 * **memory**: what the connection holds partly received is charged to the
-  gateway's :class:`~gateway.budget.MemoryBudget` within the connection's own
+  gateway's :class:`~gateway.core.budget.MemoryBudget` within the connection's own
   limit;
 * **abandoned work**: publishes that a departed peer can no longer be
   answered for are counted.
@@ -25,7 +25,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from gateway.budget import Account
+from gateway.core.budget import Account
 
 __all__ = ["Guard", "hangup_probe"]
 

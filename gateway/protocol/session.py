@@ -58,14 +58,13 @@ from typing import Any, Protocol
 
 import trio
 
-from gateway.budget import Account
-from gateway.errors import RemoteProtocolError, first_leaf
-from gateway.receipts import Receipt
+from gateway.core.budget import Account
+from gateway.core.errors import RemoteProtocolError, first_leaf
+from gateway.core.receipts import Receipt
+from gateway.protocol.answers import AnswerFn, Answers
+from gateway.protocol.events import NEED_DATA, ConnectionClosed
+from gateway.protocol.guard import guard_of, hangup_probe
 from gateway.transports.nowait import NowaitSender, nowait_sender
-
-from .answers import AnswerFn, Answers
-from .events import NEED_DATA, ConnectionClosed
-from .guard import guard_of, hangup_probe
 
 __all__ = ["Codec", "NotKept", "Session"]
 

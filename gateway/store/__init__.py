@@ -8,10 +8,10 @@ to start, retention by size and age, and small per-owner state documents.
 
 from __future__ import annotations
 
-from .records import RecordFormat, frame_events, split_events
-from .recovery import RecoveryReport
-from .segment import Appended, Segment, SegmentTruncated
-from .store import FsyncPolicy, Store, StoreLocked
+from gateway.store.records import RecordFormat, frame_events, split_events
+from gateway.store.recovery import RecoveryReport
+from gateway.store.segment import Appended, Segment, SegmentTruncated
+from gateway.store.store import FsyncPolicy, Store, StoreLocked
 
 __all__ = [
     "Appended",

@@ -18,8 +18,8 @@ from array import array
 from collections import OrderedDict
 from pathlib import Path
 
-from .layout import FLAG_CORRUPT, INDEX_ENTRY, INDEX_HEADER, IndexEntry, IndexHeader
-from .records import RecordFormat
+from gateway.store.layout import FLAG_CORRUPT, INDEX_ENTRY, INDEX_HEADER, IndexEntry, IndexHeader
+from gateway.store.records import RecordFormat
 
 __all__ = ["Chunk", "FileCache"]
 

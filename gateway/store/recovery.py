@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from .layout import (
+from gateway.store.layout import (
     FLAG_CORRUPT,
     INDEX_ENTRY,
     INDEX_HEADER,
@@ -54,7 +54,7 @@ from .layout import (
     read_document,
     repair_entry,
 )
-from .records import RecordFormat, count_events
+from gateway.store.records import RecordFormat, count_events
 
 __all__ = ["RecoveredChunk", "RecoveredSegment", "RecoveryReport", "recover_segment"]
 

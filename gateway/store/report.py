@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .layout import SEGMENTS_DIR, decode_name, encode_name
-from .recovery import RecoveredSegment, Verify, recover_segment
+from gateway.store.layout import SEGMENTS_DIR, decode_name, encode_name
+from gateway.store.recovery import RecoveredSegment, Verify, recover_segment
 
 __all__ = ["inspect_lines", "scan", "verify_lines"]
 

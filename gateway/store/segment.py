@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .chunk import Chunk
-from .layout import ZERO_UUID, chunk_paths, crc32, pack_entry
-from .records import EVENT_HEADER, RecordFormat, count_events, event_offsets
-from .space import is_full
+from gateway.store.chunk import Chunk
+from gateway.store.layout import ZERO_UUID, chunk_paths, crc32, pack_entry
+from gateway.store.records import EVENT_HEADER, RecordFormat, count_events, event_offsets
+from gateway.store.space import is_full
 
 if TYPE_CHECKING:
-    from .store import Store
+    from gateway.store.store import Store
 
 __all__ = ["Appended", "Segment", "SegmentDamaged", "SegmentTruncated"]
 

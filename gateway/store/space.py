@@ -2,7 +2,7 @@
 
 When a write of the store fails with ``ENOSPC`` (or ``EDQUOT``, a quota) the
 store becomes **full**: appends are refused at once with
-:class:`~gateway.errors.StorageFull` (whose ``room()`` waits for space), state
+:class:`~gateway.core.errors.StorageFull` (whose ``room()`` waits for space), state
 documents stay in memory, and one ERROR line says what is full and how much
 is needed (again at most once a minute while it lasts). A watcher looks at
 the file system's free space every second; once space was freed and the largest
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import trio
 
-from ..errors import StorageFull
+from gateway.core.errors import StorageFull
 
 __all__ = ["FULL_ERRNOS", "DiskSpace", "Shortage", "is_full"]
 

@@ -28,8 +28,8 @@ from typing import Any, Literal, overload
 
 import trio
 
-from .chunk import Chunk, FileCache
-from .layout import (
+from gateway.store.chunk import Chunk, FileCache
+from gateway.store.layout import (
     CLEAN_MARKER,
     META_FILE,
     SEGMENTS_DIR,
@@ -43,9 +43,9 @@ from .layout import (
     unpack_document,
     write_document,
 )
-from .recovery import RecoveredSegment, RecoveryReport, Verify, recover_segment
-from .segment import Segment
-from .space import DiskSpace, is_full
+from gateway.store.recovery import RecoveredSegment, RecoveryReport, Verify, recover_segment
+from gateway.store.segment import Segment
+from gateway.store.space import DiskSpace, is_full
 
 __all__ = ["FsyncPolicy", "Store", "StoreLocked"]
 

@@ -12,7 +12,7 @@ Two kinds register in the ``interchange.transports`` entry-point group:
 Protocols only ever see a ``trio.abc.Stream``.
 """
 
-from .base import (
+from gateway.transports.base import (
     SocketTransport,
     StreamLayer,
     TlsClientSettings,

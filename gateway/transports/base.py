@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal
 
 import trio
 
-from ..model import PeerIdentity
+from gateway.core.model import PeerIdentity
 
 __all__ = [
     "ClientAuth",

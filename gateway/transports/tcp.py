@@ -14,7 +14,7 @@ from typing import Any
 
 import trio
 
-from .base import Transport
+from gateway.transports.base import Transport
 
 __all__ = ["TcpTransport", "format_sockaddr", "parse_address", "transport"]
 

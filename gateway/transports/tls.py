@@ -27,8 +27,8 @@ import trio
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from ..model import PeerIdentity
-from .base import StreamLayer, TlsClientSettings, TlsServerSettings
+from gateway.core.model import PeerIdentity
+from gateway.transports.base import StreamLayer, TlsClientSettings, TlsServerSettings
 
 __all__ = [
     "HANDSHAKE_FAILURE_REASONS",

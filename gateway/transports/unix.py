@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from .base import Transport
+from gateway.transports.base import Transport
 
 __all__ = ["PeerCredentials", "UnixTransport", "peer_credentials", "transport"]
 

@@ -8,7 +8,7 @@ re-exported here); the wire format and its encoders are in
 a stream live beside it.
 """
 
-from gateway.protocol import NEED_DATA, ConnectionClosed
+from gateway.sdk import NEED_DATA, ConnectionClosed
 
 from .codec import ClientCodec, Limits, ServerCodec, State
 from .events import Ack, Event, Progress, Window

@@ -35,8 +35,7 @@ from typing import Any
 
 import trio
 
-from gateway.destination import Subscription
-from gateway.protocol import Session
+from gateway.sdk import Session, Subscription
 
 from . import NEED_DATA, ClientCodec, ConnectionClosed, Progress
 from .mapping import to_payloads

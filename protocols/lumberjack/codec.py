@@ -45,7 +45,7 @@ asks it before reading frames into events and before each inflated piece,
 and while it says 0 or less keeps its input as it is (compressed) and returns
 ``NEED_DATA``; asked again once there is room, it goes on with no new input.
 
-A peer breaking the protocol raises :class:`~gateway.errors.RemoteProtocolError`
+A peer breaking the protocol raises :class:`~gateway.core.errors.RemoteProtocolError`
 and puts the codec in :attr:`State.ERROR`; the driver closes the connection
 (Lumberjack has no error frame).
 """
@@ -61,7 +61,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
-from gateway.protocol import (
+from gateway.sdk import (
     NEED_DATA,
     ConnectionClosed,
     LocalProtocolError,
@@ -402,7 +402,7 @@ class ServerCodec:
         ``Ack(window.version, window.highest_seq)`` acks that window (the next
         ack is for the next one); ``Ack(window.version, 0)`` while its highest
         sequence is above 0 is a keepalive that acks nothing, as is any lower
-        sequence. Refused with :class:`~gateway.errors.LocalProtocolError`: an
+        sequence. Refused with :class:`~gateway.core.errors.LocalProtocolError`: an
         ack when no window returned by :meth:`next_event` awaits one, in
         another version than that window's, or beyond its highest sequence.
         Allowed in every state: a window already returned stays ackable even
@@ -830,7 +830,7 @@ class ClientCodec:
     frame to the oldest window in flight and returns a
     :class:`~protocols.lumberjack.events.Progress`. An ``A`` frame of another
     version, with no window in flight (but ``A 0``) or beyond the window is
-    a :class:`~gateway.errors.RemoteProtocolError`.
+    a :class:`~gateway.core.errors.RemoteProtocolError`.
     """
 
     def __init__(self, version: int = 2) -> None:

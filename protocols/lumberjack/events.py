@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.protocol import ConnectionClosed
+from gateway.sdk import ConnectionClosed
 
 __all__ = ["Ack", "ConnectionClosed", "Event", "Progress", "Window"]
 

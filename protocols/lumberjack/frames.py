@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
-from gateway.errors import LocalProtocolError
+from gateway.sdk import LocalProtocolError
 
 _isal_zlib: types.ModuleType | None
 try:  # ISA-L deflates about 7 times faster than zlib (see deflate)

@@ -27,8 +27,7 @@ from typing import Any, cast
 import msgspec
 import orjson
 
-from gateway.errors import RemoteProtocolError
-from gateway.model import Message, PeerIdentity, Source
+from gateway.sdk import Message, PeerIdentity, RemoteProtocolError, Source
 
 __all__ = [
     "JSON",

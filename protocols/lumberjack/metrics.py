@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.protocol.counts import NOTHING, Count, Observe
+from gateway.sdk import NOTHING, Count, Observe
 
 __all__ = ["ClientMetrics", "Count", "Observe", "ServerMetrics"]
 

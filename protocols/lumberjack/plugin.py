@@ -13,15 +13,15 @@ from typing import Any
 
 import trio
 
-from gateway.metrics import Metrics
-from gateway.plugin import (
+from gateway.sdk import (
     ConnectionInfo,
+    Metrics,
     Option,
     ProtocolPlugin,
+    Receipt,
     ServerConnection,
     UpstreamContext,
 )
-from gateway.receipts import Receipt
 
 from . import Limits, Window
 from .client import ClientSettings, forward

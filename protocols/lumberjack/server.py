@@ -2,7 +2,7 @@
 
 :class:`ServerSession` is a :class:`~gateway.protocol.Session`: its reader
 feeds the sans-IO :class:`ServerCodec` and hands each complete window to a
-*sink*, which returns a :class:`~gateway.receipts.Receipt` (the gateway's sink
+*sink*, which returns a :class:`~gateway.core.receipts.Receipt` (the gateway's sink
 publishes to the hub; the library server's sink waits for the application).
 Windows are answered strictly in order: a window is acked with its highest
 sequence number only once its receipt has settled as delivered. While the
@@ -26,9 +26,7 @@ from typing import Any
 
 import trio
 
-from gateway.model import Outcome
-from gateway.protocol import NotKept, Session
-from gateway.receipts import Receipt
+from gateway.sdk import NotKept, Outcome, Receipt, Session
 
 from . import Ack, Limits, ServerCodec, Window
 from .metrics import ServerMetrics

@@ -17,9 +17,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from gateway.model import Outcome, PeerIdentity
-from gateway.receipts import Receipt
-from gateway.transports.tls import identity_from_der
+from gateway.sdk import Outcome, PeerIdentity, Receipt, identity_from_der
 
 from . import Window
 from .server import ServerSettings, serve_connection

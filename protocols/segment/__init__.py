@@ -9,7 +9,7 @@ the protocol toolkit's vocabulary (:data:`NEED_DATA`,
 :class:`ConnectionClosed`, re-exported here).
 """
 
-from gateway.protocol import NEED_DATA, ConnectionClosed
+from gateway.sdk import NEED_DATA, ConnectionClosed
 
 from .blocks import Append, BlockWriter
 from .codec import (

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Final, NamedTuple
 from uuid import UUID
 
-from gateway.errors import LocalProtocolError, RemoteProtocolError
+from gateway.sdk import LocalProtocolError, RemoteProtocolError
 
 from .commands import (
     MAX_EVENT_PAYLOAD,

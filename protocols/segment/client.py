@@ -38,12 +38,19 @@ from uuid import UUID, uuid4
 
 import trio
 
-from gateway.errors import ProtocolError, RemoteProtocolError, first_leaf
-from gateway.plugin import Backoff, describe_error
-from gateway.protocol import NEED_DATA, ConnectionClosed, Session
-from gateway.transports.base import address_host
-from gateway.transports.tcp import TcpTransport
-from gateway.transports.unix import UnixTransport
+from gateway.sdk import (
+    NEED_DATA,
+    Backoff,
+    ConnectionClosed,
+    ProtocolError,
+    RemoteProtocolError,
+    Session,
+    TcpTransport,
+    UnixTransport,
+    address_host,
+    describe_error,
+    first_leaf,
+)
 
 from .codec import ClientConnection
 from .codec import EventReassembler as Reassembler

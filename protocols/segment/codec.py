@@ -6,7 +6,7 @@ the appender/reader side. Both work as h11 does: feed received bytes with
 it returns :data:`~gateway.protocol.NEED_DATA` (or a
 :class:`~gateway.protocol.ConnectionClosed` once the peer closed and every
 event before it was returned), and turn commands into bytes with ``send``,
-which refuses with :class:`~gateway.errors.LocalProtocolError` what the
+which refuses with :class:`~gateway.core.errors.LocalProtocolError` what the
 connection's state does not allow.
 
 The server reassembles append blocks itself: an ``AppendBlock`` and the
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Final, TypeAlias, cast
 from uuid import UUID
 
-from gateway.protocol import (
+from gateway.sdk import (
     NEED_DATA,
     ConnectionClosed,
     LocalProtocolError,
@@ -684,7 +684,7 @@ class EventReassembler:
     the segment. Replies must follow each other (each starts where the
     previous one ended); a frame that is not an event, an event over
     ``max_payload`` bytes, or a segment that ends inside an event is a
-    :class:`~gateway.errors.RemoteProtocolError`.
+    :class:`~gateway.core.errors.RemoteProtocolError`.
     """
 
     def __init__(self, offset: int = 0, *, max_payload: int = MAX_EVENT_PAYLOAD) -> None:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any, Final
 from uuid import UUID
 
-from gateway.errors import LocalProtocolError, RemoteProtocolError
+from gateway.sdk import LocalProtocolError, RemoteProtocolError
 
 from . import mutf8
 from .commands import (
@@ -248,7 +248,7 @@ _PUT: Final[dict[str, Callable[[Any], bytes]]] = {
 def encode(command: Command) -> bytes:
     """``command``'s header and fields; every optional field is written.
 
-    Refused with :class:`~gateway.errors.LocalProtocolError`: a number out of
+    Refused with :class:`~gateway.core.errors.LocalProtocolError`: a number out of
     its field's range, a string over 65535 bytes of modified UTF-8, a command
     over :data:`~.commands.MAX_WIRECOMMAND_SIZE` bytes.
     """
@@ -346,7 +346,7 @@ class _Fields:
 def decode(code: int, data: bytes | bytearray | memoryview, start: int, end: int) -> Command:
     """The command of type ``code`` whose body is ``data[start:end]``.
 
-    Refused with :class:`~gateway.errors.RemoteProtocolError`: an unknown
+    Refused with :class:`~gateway.core.errors.RemoteProtocolError`: an unknown
     type, a body shorter than its required fields, a bad string or length.
     """
     cls = COMMANDS.get(code)
@@ -382,7 +382,7 @@ def decode_command(data: bytes | bytearray | memoryview, start: int = 0) -> tupl
 def count_events(data: bytes | bytearray, start: int, end: int, max_payload: int) -> int:
     """How many event frames ``data[start:end]`` holds, exactly and nothing else.
 
-    Refused with :class:`~gateway.errors.RemoteProtocolError`: a frame whose
+    Refused with :class:`~gateway.core.errors.RemoteProtocolError`: a frame whose
     type is not 0 (``EVENT``), a negative length or a payload over
     ``max_payload`` bytes, a frame cut by ``end``.
     """

@@ -13,17 +13,17 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from gateway.metrics import Metrics
-from gateway.options import REQUIRED
-from gateway.plugin import (
+from gateway.sdk import (
+    REQUIRED,
+    Metrics,
     Option,
     PluginEnv,
     PluginError,
     ProtocolPlugin,
     ServerConnection,
+    Store,
     UpstreamContext,
 )
-from gateway.store import Store
 
 from .codec import Limits
 from .commands import MAX_EVENT_PAYLOAD, MAX_WIRECOMMAND_SIZE

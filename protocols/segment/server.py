@@ -42,13 +42,20 @@ from uuid import UUID
 
 import trio
 
-from gateway.errors import StorageFull
-from gateway.model import Outcome
-from gateway.protocol import NotKept, RemoteProtocolError, Session
-from gateway.protocol.counts import NOTHING, Count
-from gateway.receipts import Receipt
-from gateway.store import Segment, SegmentTruncated, Store
-from gateway.store.segment import SegmentDamaged
+from gateway.sdk import (
+    NOTHING,
+    Count,
+    NotKept,
+    Outcome,
+    Receipt,
+    RemoteProtocolError,
+    Segment,
+    SegmentDamaged,
+    SegmentTruncated,
+    Session,
+    StorageFull,
+    Store,
+)
 
 from .blocks import Append
 from .codec import Limits, SegmentProtocolError, ServerConnection

@@ -21,9 +21,7 @@ from typing import Any
 
 import trio
 
-from gateway.model import Message, Outcome
-from gateway.plugin import ConnectionInfo, UpstreamContext
-from gateway.store import envelope
+from gateway.sdk import ConnectionInfo, Message, Outcome, UpstreamContext, envelope
 
 from .client import Appender, WriterSettings, run_appender
 from .commands import MAX_EVENT_PAYLOAD

@@ -37,9 +37,7 @@ from typing import Any
 
 import trio
 
-from gateway.protocol import Session
-from gateway.transports.tcp import transport as tcp_transport
-from gateway.transports.unix import transport as unix_transport
+from gateway.sdk import Session, tcp_transport, unix_transport
 
 from .client_codec import CallKind, ClientConnection, Reply, StreamMessage
 from .status import Code, Status, TtrpcError, deadline_exceeded

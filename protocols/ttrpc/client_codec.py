@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
-from gateway.errors import LocalProtocolError
+from gateway.sdk import LocalProtocolError
 
 from . import ttrpc_pb2
 from .connection import FramedConnection

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Generic, TypeVar
 
-from gateway.protocol import ConnectionClosed, NeedData
+from gateway.sdk import ConnectionClosed, NeedData
 
 from .frames import MAX_DATA, Frame, FrameReader, Oversize, frames_size
 

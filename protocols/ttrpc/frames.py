@@ -17,9 +17,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Final, NamedTuple
 
-from gateway.errors import LocalProtocolError
-from gateway.protocol import NEED_DATA, ConnectionClosed, NeedData
-from gateway.protocol.buffer import ReceiveBuffer
+from gateway.sdk import NEED_DATA, ConnectionClosed, LocalProtocolError, NeedData, ReceiveBuffer
 
 __all__ = [
     "HEADER",

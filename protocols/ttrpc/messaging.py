@@ -2,8 +2,8 @@
 
 ``messaging.proto`` defines it; :func:`messaging_service` builds its
 :class:`~.server.Service` for one connection, over the listener's
-:class:`~gateway.facade.HubFacade` (the only hub API a protocol uses) and a
-function that gives the connection's :class:`~gateway.model.Source`. Register
+:class:`~gateway.core.facade.HubFacade` (the only hub API a protocol uses) and a
+function that gives the connection's :class:`~gateway.core.model.Source`. Register
 it per connection: ``TtrpcSession(stream, {SERVICE: messaging_service(hub,
 source)})``.
 
@@ -54,11 +54,22 @@ import trio
 from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError
 
-from gateway.destination import Delivery, EndOfStream, StartAt, StopAt, Subscription
-from gateway.facade import HubFacade
-from gateway.filters import Filter, FilterError
-from gateway.model import Message, Outcome, Position, Reply, Source
-from gateway.receipts import Receipt
+from gateway.sdk import (
+    Delivery,
+    EndOfStream,
+    Filter,
+    FilterError,
+    HubFacade,
+    Message,
+    Outcome,
+    Position,
+    Receipt,
+    Reply,
+    Source,
+    StartAt,
+    StopAt,
+    Subscription,
+)
 
 from . import messaging_pb2 as pb
 from .server import CallContext, MessageStream, Service

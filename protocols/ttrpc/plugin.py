@@ -19,16 +19,16 @@ import pwd
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.options import REQUIRED
-from gateway.plugin import (
+from gateway.sdk import (
+    REQUIRED,
     Option,
     PluginEnv,
     PluginError,
     ProtocolPlugin,
     ServerConnection,
     UpstreamContext,
+    peer_credentials,
 )
-from gateway.transports.unix import peer_credentials
 
 from .messaging import messaging_service
 from .proxy import MAX_BACKLOG, Pool, ProxySession, Route, Routes

@@ -40,9 +40,7 @@ from typing import Any
 
 import trio
 
-from gateway.errors import first_leaf
-from gateway.plugin import Upstream, describe_error
-from gateway.protocol import Session
+from gateway.sdk import Session, Upstream, describe_error, first_leaf
 
 from . import status as statuses
 from . import ttrpc_pb2

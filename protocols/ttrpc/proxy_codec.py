@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import Any, Final
 
-from gateway.errors import LocalProtocolError
+from gateway.sdk import LocalProtocolError
 
 from . import status as statuses
 from . import ttrpc_pb2

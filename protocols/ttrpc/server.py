@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 
-from gateway.protocol import Session
+from gateway.sdk import Session
 
 from . import status as statuses
 from .client_codec import CallKind

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
-from gateway.errors import LocalProtocolError
+from gateway.sdk import LocalProtocolError
 
 from . import status as statuses
 from . import ttrpc_pb2

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import trio
 
-from gateway.destination import Delivery, Subscription
-from gateway.model import Outcome, Reply
-from gateway.plugin import ConnectionInfo, UpstreamContext
+from gateway.sdk import ConnectionInfo, Delivery, Outcome, Reply, Subscription, UpstreamContext
 
 from .client import Client, open_client
 from .proxy import Pool

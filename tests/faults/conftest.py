@@ -33,7 +33,7 @@ import pytest
 import trio
 
 from bench._sink import KillableSink as LumberjackSink
-from gateway.errors import ProtocolError
+from gateway.core.errors import ProtocolError
 from protocols.lumberjack.client import ClientSettings, LumberjackClient
 
 #: What a sender treats as "the connection failed: reconnect and resend".

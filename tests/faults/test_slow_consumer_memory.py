@@ -24,7 +24,7 @@ from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.runtime import Gateway
+from gateway.runtime.gateway import Gateway
 
 pytestmark = pytest.mark.slow
 

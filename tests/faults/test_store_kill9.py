@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 import trio
 
+from gateway.durable.envelope import decode
 from gateway.store import RecordFormat, Store
-from gateway.store.envelope import decode
 from protocols.segment.client import SegmentWriter
 
 pytestmark = pytest.mark.slow

@@ -23,10 +23,10 @@ import trio
 from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
 
-from gateway.certs import init_dir
-from gateway.config import parse
-from gateway.destination import Delivery, Subscription
-from gateway.runtime import Gateway
+from gateway.config.certs import init_dir
+from gateway.config.loader import parse
+from gateway.core.destination import Delivery, Subscription
+from gateway.runtime.gateway import Gateway
 from protocols.lumberjack.client import ClientSettings, LumberjackClient
 from protocols.lumberjack.server import ServerSettings
 from protocols.lumberjack.standalone import Batch, open_server

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import protocols.lumberjack.codec as codec_module
-from gateway.errors import LocalProtocolError, RemoteProtocolError
+from gateway.core.errors import LocalProtocolError, RemoteProtocolError
 from protocols.lumberjack import (
     NEED_DATA,
     Ack,

@@ -23,8 +23,8 @@ import pytest
 import trio
 from harness import host_port, running_gateway
 
-from gateway.certs import init_dir
-from gateway.destination import Delivery, Subscription
+from gateway.config.certs import init_dir
+from gateway.core.destination import Delivery, Subscription
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import trio
 
-from gateway.certs import init_dir
-from gateway.errors import RemoteProtocolError
+from gateway.config.certs import init_dir
+from gateway.core.errors import RemoteProtocolError
 from protocols.lumberjack.client import ClientSettings, LumberjackClient
 from protocols.lumberjack.server import ServerSettings
 from protocols.lumberjack.standalone import Batch, LumberjackServer, open_server

@@ -21,10 +21,10 @@ import pytest
 import trio
 from harness import host_port, running_gateway
 
-from gateway.certs import init_dir
-from gateway.destination import Delivery, Subscription
-from gateway.plugin import ServerConnection
-from gateway.registry import Registered, Registry, default_registry
+from gateway.config.certs import init_dir
+from gateway.core.destination import Delivery, Subscription
+from gateway.protocol.plugin import ServerConnection
+from gateway.runtime.registry import Registered, Registry, default_registry
 from protocols.lumberjack.client import ClientSettings, LumberjackClient
 from protocols.lumberjack.plugin import LumberjackPlugin
 

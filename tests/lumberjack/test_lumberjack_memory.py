@@ -30,8 +30,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import protocols.lumberjack.codec as codec_module
-from gateway.errors import RemoteProtocolError
-from gateway.runtime import Gateway
+from gateway.core.errors import RemoteProtocolError
+from gateway.runtime.gateway import Gateway
 from protocols.lumberjack import NEED_DATA, ConnectionClosed, Limits, ServerCodec, Window
 from protocols.lumberjack.codec import EVENT_OVERHEAD, INFLATER_STATE
 from protocols.lumberjack.server import WINDOW_MEMORY_FLOOR

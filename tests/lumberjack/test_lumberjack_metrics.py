@@ -15,8 +15,8 @@ from typing import Any
 import trio
 from harness import host_port, running_gateway
 
-from gateway.model import Message
-from gateway.runtime import Gateway
+from gateway.core.model import Message
+from gateway.runtime.gateway import Gateway
 from protocols.lumberjack.standalone import open_server
 
 

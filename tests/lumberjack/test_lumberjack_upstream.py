@@ -23,10 +23,10 @@ import pytest
 import trio
 from harness import running_gateway
 
-from gateway.config import ConfigError, parse
-from gateway.model import Message, Outcome
-from gateway.receipts import Receipt
-from gateway.runtime import Gateway
+from gateway.config.loader import ConfigError, parse
+from gateway.core.model import Message, Outcome
+from gateway.core.receipts import Receipt
+from gateway.runtime.gateway import Gateway
 from protocols.lumberjack.server import ServerSettings
 from protocols.lumberjack.standalone import Batch, open_server
 

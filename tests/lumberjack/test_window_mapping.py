@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.errors import RemoteProtocolError
-from gateway.model import Message, Source
+from gateway.core.errors import RemoteProtocolError
+from gateway.core.model import Message, Source
 from protocols.lumberjack import mapping
 from protocols.lumberjack.mapping import (
     JSON,

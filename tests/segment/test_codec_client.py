@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from segment_vectors import COMMANDS, EV1, EV2, SEGMENT, VECTORS, WRITER
 
-from gateway.errors import LocalProtocolError, RemoteProtocolError
+from gateway.core.errors import LocalProtocolError, RemoteProtocolError
 from protocols.segment import (
     MAX_EVENT_PAYLOAD,
     NEED_DATA,

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from segment_vectors import EV1, EV2, SEGMENT, VECTORS, WRITER
 
-from gateway.errors import LocalProtocolError
+from gateway.core.errors import LocalProtocolError
 from protocols.segment import (
     NEED_DATA,
     NULL_EVENT_NUMBER,

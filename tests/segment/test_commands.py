@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from segment_vectors import COMMANDS, EV1, HEX, LENGTHS, SEGMENT, VECTORS, WRITER
 
-from gateway.errors import LocalProtocolError, RemoteProtocolError
+from gateway.core.errors import LocalProtocolError, RemoteProtocolError
 from protocols.segment import (
     MAX_WIRECOMMAND_SIZE,
     NULL_EVENT_NUMBER,

@@ -21,8 +21,8 @@ import trio
 import trio.testing
 from harness import running_gateway
 
-from gateway.certs import init_dir
-from gateway.runtime import Gateway
+from gateway.config.certs import init_dir
+from gateway.runtime.gateway import Gateway
 from gateway.store import Segment, split_events
 from protocols.segment import (
     NEED_DATA,

@@ -24,7 +24,7 @@ import trio.testing
 from harness import host_port, running_gateway
 from segment_vectors import EV1, EV2, SEGMENT, VECTORS, WRITER
 
-from gateway.runtime import Gateway
+from gateway.runtime.gateway import Gateway
 from gateway.store import Segment, Store
 from protocols.segment.commands import (
     NULL_EVENT_NUMBER,

@@ -17,10 +17,10 @@ from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
 from test_segment_client import proxy
 
-from gateway.model import Message, Outcome
-from gateway.receipts import Receipt
-from gateway.runtime import Gateway
-from gateway.store import envelope
+from gateway.core.model import Message, Outcome
+from gateway.core.receipts import Receipt
+from gateway.durable import envelope
+from gateway.runtime.gateway import Gateway
 from protocols.segment.client import SegmentReader
 from protocols.segment.upstream import default_writer_id
 
@@ -162,7 +162,7 @@ async def test_an_event_too_large_for_the_protocol_is_rejected(tmp_path: Path) -
     ],
 )
 def test_upstream_options_are_checked(tmp_path: Path, options: dict[str, Any], error: str) -> None:
-    from gateway.config import parse
+    from gateway.config.loader import parse
 
     config = relay_config(tmp_path, "127.0.0.1:1", **options)
     upstream = config["upstreams"][0]

@@ -6,7 +6,7 @@
 - A named group resumes after a restart: what it acked is not delivered again,
   what it held unacked is.
 - A segment-append reader reads what another protocol published: the stored
-  envelopes, decoded with ``gateway.store.envelope``.
+  envelopes, decoded with ``gateway.durable.envelope``.
 - The store's figures are on ``/metrics``.
 """
 
@@ -21,9 +21,9 @@ import trio
 from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
 
-from gateway.destination import Delivery
-from gateway.model import Position
-from gateway.store import envelope
+from gateway.core.destination import Delivery
+from gateway.core.model import Position
+from gateway.durable import envelope
 from protocols.segment.client import SegmentReader
 
 

@@ -14,12 +14,12 @@ import trio
 import trio.testing
 from harness import receive_now
 
-from gateway.destination import Delivery, Subscription
-from gateway.filters import Filter
-from gateway.model import Message, Outcome, Position
-from gateway.receipts import Receipt
+from gateway.core.destination import Delivery, Subscription
+from gateway.core.filters import Filter
+from gateway.core.model import Message, Outcome, Position
+from gateway.core.receipts import Receipt
+from gateway.durable.log import DurableLog
 from gateway.store import RecordFormat, Segment, Store, frame_events
-from gateway.store.durable import DurableLog
 from gateway.store.store import SWEEP_SECONDS
 
 BIG = 10**9

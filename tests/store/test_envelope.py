@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.model import Message, PeerIdentity, Source
-from gateway.store.envelope import VERSION, decode, decode_many, encode, encode_many
+from gateway.core.model import Message, PeerIdentity, Source
+from gateway.durable.envelope import VERSION, decode, decode_many, encode, encode_many
 
 STORED = 1_700_000_000.25
 

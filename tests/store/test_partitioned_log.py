@@ -17,13 +17,13 @@ import trio.testing
 from harness import host_port, receive_now, running_gateway, settle, start
 from interchange_ndjson.client import NdjsonClient
 
-from gateway.destination import Delivery, EndOfStream, Subscription
-from gateway.model import Message, Outcome, Position
-from gateway.receipts import Receipt
-from gateway.status import snapshot
+from gateway.core.destination import Delivery, EndOfStream, Subscription
+from gateway.core.model import Message, Outcome, Position
+from gateway.core.receipts import Receipt
+from gateway.durable.log import DurableLog
+from gateway.durable.partitioned import PartitionedLog
+from gateway.ops.status import snapshot
 from gateway.store import Store
-from gateway.store.durable import DurableLog
-from gateway.store.partitioned import PartitionedLog
 
 BIG = 10**9
 

@@ -18,7 +18,7 @@ import pytest
 import trio
 import trio.testing
 
-from gateway.errors import StorageFull
+from gateway.core.errors import StorageFull
 from gateway.store import Store, frame_events
 from gateway.store import store as store_module
 from gateway.store.layout import unpack_document

@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from gateway.errors import StorageFull
+from gateway.core.errors import StorageFull
 from gateway.store import RecordFormat, Store, frame_events
 from gateway.store.layout import (
     INDEX_ENTRY,

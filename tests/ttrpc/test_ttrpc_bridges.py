@@ -23,7 +23,7 @@ from harness import Task, host_port, running_gateway, settle, start
 from interchange_ndjson.client import NdjsonClient
 from interchange_ndjson.events import Deliver, Replied
 
-from gateway.runtime import Gateway
+from gateway.runtime.gateway import Gateway
 from protocols.lumberjack.client import LumberjackClient
 from protocols.ttrpc import Code, TtrpcError
 from protocols.ttrpc import messaging_pb2 as pb

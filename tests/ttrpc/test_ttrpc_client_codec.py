@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.errors import LocalProtocolError
+from gateway.core.errors import LocalProtocolError
 from gateway.protocol import NEED_DATA, ConnectionClosed
 from protocols.ttrpc import (
     Code,

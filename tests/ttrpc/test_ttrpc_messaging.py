@@ -19,13 +19,13 @@ import trio
 import trio.testing
 from harness import settle, start
 
-from gateway.catalog import Catalog, DestinationSpec
-from gateway.destination import Subscription
-from gateway.facade import HubFacade
-from gateway.hub import Hub
-from gateway.model import Message, Outcome, PeerIdentity, Reply, Source
+from gateway.core.destination import Subscription
+from gateway.core.facade import HubFacade
+from gateway.core.hub import Hub
+from gateway.core.model import Message, Outcome, PeerIdentity, Reply, Source
+from gateway.core.topic import TopicLimits
+from gateway.runtime.catalog import Catalog, DestinationSpec
 from gateway.store import Store
-from gateway.topic import TopicLimits
 from protocols.ttrpc import Code, TtrpcError
 from protocols.ttrpc import messaging_pb2 as pb
 from protocols.ttrpc.client import Client, ClientCall, open_client

@@ -14,9 +14,9 @@ import pytest
 import trio
 from harness import running_gateway
 
-from gateway.config import ConfigError, parse
-from gateway.model import Message, Outcome
-from gateway.plugin import PluginError
+from gateway.config.loader import ConfigError, parse
+from gateway.core.model import Message, Outcome
+from gateway.protocol.plugin import PluginError
 from protocols.ttrpc import Code, TtrpcError, ttrpc_pb2
 from protocols.ttrpc.client import open_client
 from protocols.ttrpc.server import CallContext, Service, TtrpcSession

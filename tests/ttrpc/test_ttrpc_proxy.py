@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-from gateway.plugin import ConnectionInfo, Upstream, UpstreamSettings
+from gateway.protocol.plugin import ConnectionInfo, Upstream, UpstreamSettings
 from gateway.protocol.session import HIGH_WATER
 from protocols.ttrpc import Code, TtrpcError
 from protocols.ttrpc import status as statuses

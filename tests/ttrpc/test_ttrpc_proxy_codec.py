@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.errors import LocalProtocolError
+from gateway.core.errors import LocalProtocolError
 from gateway.protocol import NEED_DATA
 from protocols.ttrpc import (
     MAX_DATA,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.errors import LocalProtocolError
+from gateway.core.errors import LocalProtocolError
 from gateway.protocol import NEED_DATA, ConnectionClosed
 from protocols.ttrpc import (
     Code,

@@ -9,7 +9,7 @@ from google.protobuf import any_pb2, wrappers_pb2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.errors import LocalProtocolError
+from gateway.core.errors import LocalProtocolError
 from gateway.protocol import NEED_DATA, ConnectionClosed
 from protocols.ttrpc import (
     MAX_DATA,

@@ -15,8 +15,7 @@ from collections.abc import Mapping
 
 import trio
 
-from gateway.errors import LocalProtocolError, RemoteProtocolError
-from gateway.filters import Filter
+from gateway.sdk import Filter, LocalProtocolError, RemoteProtocolError
 
 from .codec import CLIENT, NEED_DATA, NdjsonConnection
 from .events import (

@@ -10,11 +10,11 @@ remembers how far it searched, so a long line arriving in small pieces is
 scanned once.
 
 A line longer than ``max_line`` bytes, invalid JSON, or an event the peer's
-role may not send is a :class:`~gateway.errors.RemoteProtocolError`; the
+role may not send is a :class:`~gateway.core.errors.RemoteProtocolError`; the
 connection is then in the ``ERROR`` state and the driver answers with an
 ``error`` line and closes. Sending an event this role may not send, one its
 state does not allow, or one the peer would refuse (an empty batch, a call
-timeout out of range) is a :class:`~gateway.errors.LocalProtocolError`.
+timeout out of range) is a :class:`~gateway.core.errors.LocalProtocolError`.
 
 The state, in the manner of h11, is what each side may still send:
 
@@ -47,9 +47,15 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from gateway.errors import LocalProtocolError, RemoteProtocolError
-from gateway.filters import Filter
-from gateway.protocol import NEED_DATA, ConnectionClosed, NeedData, ReceiveBuffer
+from gateway.sdk import (
+    NEED_DATA,
+    ConnectionClosed,
+    Filter,
+    LocalProtocolError,
+    NeedData,
+    ReceiveBuffer,
+    RemoteProtocolError,
+)
 
 from .events import (
     Ack,

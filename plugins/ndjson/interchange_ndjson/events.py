@@ -19,8 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.filters import Filter
-from gateway.protocol import ConnectionClosed
+from gateway.sdk import ConnectionClosed, Filter
 
 __all__ = [
     "Ack",

@@ -27,18 +27,22 @@ from typing import Any
 
 import trio
 
-from gateway.destination import EndOfStream, Subscription
-from gateway.errors import RemoteProtocolError
-from gateway.model import Message, Outcome, Position, Reply
-from gateway.plugin import (
+from gateway.sdk import (
     ConnectionInfo,
+    EndOfStream,
+    Message,
     Option,
+    Outcome,
+    Position,
     ProtocolPlugin,
+    Receipt,
+    RemoteProtocolError,
+    Reply,
     ServerConnection,
+    Session,
+    Subscription,
     UpstreamContext,
 )
-from gateway.protocol import Session
-from gateway.receipts import Receipt
 
 from .codec import CLIENT, DEFAULT_MAX_LINE, SERVER, NdjsonConnection
 from .events import (

@@ -49,8 +49,8 @@ from interchange_ndjson.codec import (
 from interchange_ndjson.events import Call, End, ItemResult, PublishMany, Replied, ReplyTo
 
 import gateway.protocol as toolkit
-from gateway.errors import LocalProtocolError, RemoteProtocolError
-from gateway.filters import Condition, Filter, Op
+from gateway.core.errors import LocalProtocolError, RemoteProtocolError
+from gateway.core.filters import Condition, Filter, Op
 
 # -- helpers ------------------------------------------------------------------------
 

@@ -19,10 +19,10 @@ import trio.testing
 from interchange_ndjson.codec import DEFAULT_MAX_LINE
 from interchange_ndjson.plugin import _ServerSession
 
-from gateway.facade import HubFacade
-from gateway.hub import Hub
-from gateway.model import Message
-from gateway.plugin import ConnectionInfo, ListenerSettings, ServerConnection
+from gateway.core.facade import HubFacade
+from gateway.core.hub import Hub
+from gateway.core.model import Message
+from gateway.protocol.plugin import ConnectionInfo, ListenerSettings, ServerConnection
 
 Leave = Callable[[_ServerSession], Awaitable[None]]
 

@@ -1,0 +1,1 @@
+"""Configuration: the TOML file, its validation, sizes and durations, certificates."""

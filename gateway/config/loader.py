@@ -1,0 +1,831 @@
+"""The TOML configuration: parsed, validated and defaulted in one pass.
+
+Every error names the file and the key path (``listeners[0].tls.cert``), and
+all errors of a file are reported together. Unknown keys are errors, so a
+typo never silently falls back to a default. Relative paths are resolved
+against the config file's folder. Nothing here binds or connects.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from gateway.config.units import parse_duration, parse_size
+from gateway.core.hub import HubLimits
+from gateway.core.model import MESSAGE_OVERHEAD
+from gateway.core.routing import UPSTREAM_PREFIX, Route, RouteError, Router
+from gateway.ops.logsetup import check_format, check_level
+from gateway.protocol.options import REQUIRED, Option
+from gateway.protocol.plugin import ListenerSettings, ProtocolPlugin, UpstreamSettings
+from gateway.runtime.catalog import DestinationSpec
+from gateway.runtime.registry import Registry, default_registry
+from gateway.transports.base import TlsClientSettings, TlsServerSettings
+
+__all__ = ["Config", "ConfigError", "GatewaySettings", "default_config", "load", "parse"]
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+_REQUIRED = REQUIRED
+_INDEX = re.compile(r"\[\d+\]")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+#: The metrics endpoint's port in the embedded default (Prometheus exporters' 9464).
+DEFAULT_METRICS_PORT = 9464
+#: The admin API's and status page's port in the embedded default.
+DEFAULT_ADMIN_PORT = 9465
+
+
+class ConfigError(Exception):
+    """One or more problems in a config file; ``str()`` lists them, one a line."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+@dataclass(slots=True)
+class GatewaySettings:
+    data_dir: Path = Path("data")
+    drain_timeout: float = 10.0
+    log_level: str = "info"
+    #: ``text`` or ``json`` (one JSON object per line).
+    log_format: str = "text"
+    limits: HubLimits = field(default_factory=HubLimits)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSettings:
+    """The ``[store]`` table: the embedded segment store under ``<data_dir>/store``."""
+
+    #: ``always``, ``interval`` (group commit, the default) or ``never``.
+    fsync: Literal["always", "interval", "never"] = "interval"
+    #: Seconds between group commits under ``interval``.
+    fsync_interval: float = 0.005
+    #: Bytes per chunk file of a segment.
+    chunk_bytes: int = 64 * 1024 * 1024
+    #: Bytes a durable destination keeps by default (its ``retain`` overrides).
+    retain_bytes: int = 1024 * 1024 * 1024
+    #: Seconds data is kept at most (None: no age limit); a destination's ``retain_age`` overrides.
+    retain_age: float | None = None
+
+
+@dataclass(slots=True)
+class Config:
+    gateway: GatewaySettings
+    listeners: list[ListenerSettings]
+    upstreams: list[UpstreamSettings]
+    routes: list[Route]
+    #: The ``[[destinations]]`` table, in the order written (the first match wins).
+    destinations: list[DestinationSpec] = field(default_factory=list)
+    #: The file it came from; None for the embedded default.
+    path: Path | None = None
+    #: Where ``GET /metrics`` is served (``[metrics] bind``); None: nowhere.
+    metrics_bind: str | None = None
+    #: Connections the metrics endpoint serves at once (``[metrics] max_connections``).
+    metrics_max_connections: int = 16
+    #: Seconds a metrics client has to send each request (``[metrics] idle_timeout``).
+    metrics_idle_timeout: float = 10.0
+    #: Where the admin API and status page are served (``[admin] bind``); None: nowhere.
+    admin_bind: str | None = None
+    #: Connections the admin endpoint serves at once (``[admin] max_connections``).
+    admin_max_connections: int = 16
+    #: Seconds an admin client has to send each request (``[admin] idle_timeout``).
+    admin_idle_timeout: float = 10.0
+    #: The ``[store]`` table.
+    store: StoreSettings = field(default_factory=StoreSettings)
+
+
+class _Errors:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.items: list[str] = []
+        #: ``upstream`` options read so far, as (key path, upstream name, protocol of
+        #: the declaring listener or upstream): resolved once every upstream is read.
+        self.refs: list[tuple[str, str, str]] = []
+
+    def add(self, key: str, message: str) -> None:
+        self.items.append(
+            f"{self.source}: {key}: {message}" if key else f"{self.source}: {message}"
+        )
+
+
+def _convert(kind: str, value: Any) -> Any:
+    """Convert ``value`` to ``kind`` or raise ValueError with the reason."""
+    if kind == "str":
+        if not isinstance(value, str):
+            raise ValueError(f"expected a string, got {_describe(value)}")
+        return value
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"expected an integer, got {_describe(value)}")
+        return value
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"expected a number, got {_describe(value)}")
+        if not math.isfinite(value):
+            raise ValueError(f"expected a finite number, got {value!r}")
+        return float(value)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {_describe(value)}")
+        return value
+    if kind == "duration":
+        return parse_duration(value)
+    if kind == "size":
+        return parse_size(value)
+    if kind in ("str_list", "str_or_list"):
+        if kind == "str_or_list" and isinstance(value, str):
+            return [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"expected a list of strings, got {_describe(value)}")
+        return list(value)
+    raise AssertionError(f"unknown option kind {kind}")
+
+
+def _describe(value: Any) -> str:
+    kind = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a table",
+    }.get(type(value), type(value).__name__)
+    return f"{kind} ({value!r})" if not isinstance(value, dict | list) else kind
+
+
+class _Table:
+    """Reads keys from one TOML table, recording errors and unknown keys."""
+
+    def __init__(self, errors: _Errors, path: str, data: Any) -> None:
+        self.errors = errors
+        self.path = path
+        self.ok = isinstance(data, dict)
+        if not self.ok:
+            errors.add(path, f"expected a table, got {_describe(data)}")
+        self.data: dict[str, Any] = data if self.ok else {}
+        self.used: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.path}.{name}" if self.path else name
+
+    def get(
+        self,
+        name: str,
+        kind: str,
+        default: Any = _REQUIRED,
+        *,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        choices: tuple[str, ...] = (),
+        check: Callable[[Any], object] | None = None,
+    ) -> Any:
+        self.used.add(name)
+        if name not in self.data:
+            if default is _REQUIRED:
+                self.errors.add(self.key(name), "is required")
+                return None
+            return default
+        try:
+            value = _convert(kind, self.data[name])
+            if minimum is not None and value < minimum:
+                raise ValueError(f"must be at least {minimum:g}")
+            if maximum is not None and value > maximum:
+                raise ValueError(f"must be at most {maximum:g}")
+            if choices and value not in choices:
+                raise ValueError(f"must be one of {', '.join(map(repr, choices))}, got {value!r}")
+            if check is not None:
+                check(value)
+        except ValueError as e:
+            self.errors.add(self.key(name), str(e))
+            return None if default is _REQUIRED else default
+        return value
+
+    def table(self, name: str) -> _Table | None:
+        self.used.add(name)
+        if name not in self.data:
+            return None
+        return _Table(self.errors, self.key(name), self.data[name])
+
+    def options(self, schema: Mapping[str, Option], protocol: str) -> dict[str, Any]:
+        """The plugin-declared keys of ``schema``: converted and defaulted, tables too.
+
+        The one validator of plugin options, recursive for ``table``/``tables``.
+        ``protocol`` is that of the listener or upstream declaring them: an
+        ``upstream`` option must name an upstream speaking it, which
+        :func:`_check_upstream_refs` checks once every upstream is read.
+        """
+        return {name: self._option(name, opt, protocol) for name, opt in schema.items()}
+
+    def _option(self, name: str, opt: Option, protocol: str) -> Any:
+        if opt.kind == "table":
+            return self._table_option(name, opt, protocol)
+        if opt.kind == "tables":
+            return self._tables_option(name, opt, protocol)
+        errors_before = len(self.errors.items)
+        value = self.get(
+            name,
+            "str" if opt.kind == "upstream" else opt.kind,
+            _fresh(opt.default),
+            minimum=opt.minimum,
+            maximum=opt.maximum,
+            choices=opt.choices,
+            check=opt.check,
+        )
+        written = name in self.data and len(self.errors.items) == errors_before
+        if opt.kind == "upstream" and written:
+            self.errors.refs.append((self.key(name), value, protocol))
+        return value
+
+    def _absent(self, name: str, opt: Option) -> Any:
+        if opt.required:
+            self.errors.add(self.key(name), "is required")
+            return None
+        return _fresh(opt.default)
+
+    def _table_option(self, name: str, opt: Option, protocol: str) -> Any:
+        sub = self.table(name)
+        if sub is None:
+            return self._absent(name, opt)
+        if not sub.ok:
+            return None if opt.required else _fresh(opt.default)
+        value, clean = sub._fields(opt, protocol)
+        if clean:
+            self._check(name, opt, value)
+        return value
+
+    def _tables_option(self, name: str, opt: Option, protocol: str) -> Any:
+        self.used.add(name)
+        if name not in self.data:
+            return self._absent(name, opt)
+        entries = self.data[name]
+        key = self.key(name)
+        if not isinstance(entries, list):
+            got = _describe(entries)
+        else:
+            got = next((_describe(e) for e in entries if not isinstance(e, dict)), "")
+            got = got and f"a list holding {got}"
+        if got:
+            # How the user writes one entry: [[listeners.services]], without indexes.
+            header = _INDEX.sub("", key)
+            self.errors.add(key, f"expected an array of tables ([[{header}]]), got {got}")
+            return None if opt.required else _fresh(opt.default)
+        value = []
+        clean = True
+        for i, entry in enumerate(entries):
+            fields, ok = _Table(self.errors, f"{key}[{i}]", entry)._fields(opt, protocol)
+            value.append(fields)
+            clean = clean and ok
+        if clean:
+            self._check(name, opt, value)
+        return value
+
+    def _fields(self, opt: Option, protocol: str) -> tuple[dict[str, Any], bool]:
+        """This table as an entry of ``opt``; and whether it had no errors."""
+        errors_before = len(self.errors.items)
+        value = self.options(opt.fields, protocol)
+        names = list(opt.fields)
+        self.finish(
+            f"keys are {', '.join(names[:-1])} and {names[-1]}"
+            if len(names) > 1
+            else f"the only key is {names[0]}"
+        )
+        return value, len(self.errors.items) == errors_before
+
+    def _check(self, name: str, opt: Option, value: Any) -> None:
+        if opt.check is None:
+            return
+        try:
+            opt.check(value)
+        except ValueError as e:
+            self.errors.add(self.key(name), str(e))
+
+    def finish(self, hint: str = "") -> None:
+        for name in self.data:
+            if name not in self.used:
+                self.errors.add(self.key(name), "unknown key" + (f" ({hint})" if hint else ""))
+
+
+def _fresh(default: Any) -> Any:
+    """A default to hand out: a copy when mutable, so no two settings share one."""
+    return copy.deepcopy(default) if isinstance(default, list | dict) else default
+
+
+def _path(base: Path, value: str | None) -> Path | None:
+    if value is None:
+        return None
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else base / p
+
+
+def _check_name(value: str) -> None:
+    if not _NAME.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid name (letters, digits, '_', '.', '-'; at most 64)"
+        )
+
+
+def parse(
+    data: Mapping[str, Any],
+    *,
+    source: str = "<config>",
+    base_dir: Path | None = None,
+    registry: Registry | None = None,
+) -> Config:
+    """Validate ``data`` (a parsed TOML document) into a :class:`Config`.
+
+    Raises :class:`ConfigError` listing every problem found.
+    """
+    registry = registry or default_registry()
+    base = base_dir or Path.cwd()
+    errors = _Errors(source)
+    root = _Table(errors, "", dict(data))
+
+    gw = root.table("gateway") or _Table(errors, "gateway", {})
+    d = HubLimits()
+    limits = HubLimits(
+        buffer_bytes=gw.get("buffer_bytes", "size", d.buffer_bytes, minimum=1024),
+        buffer_messages=gw.get("buffer_messages", "int", d.buffer_messages, minimum=1),
+        max_destinations=gw.get("max_destinations", "int", d.max_destinations, minimum=1),
+        memory_budget=gw.get("memory_budget", "size", d.memory_budget, minimum=1024 * 1024),
+        connection_memory=gw.get(
+            "connection_memory", "size", d.connection_memory, minimum=64 * 1024
+        ),
+    )
+    if limits.connection_memory > limits.memory_budget:
+        errors.add(
+            gw.key("connection_memory"),
+            f"{limits.connection_memory} bytes is more than memory_budget"
+            f" ({limits.memory_budget} bytes)",
+        )
+    gateway = GatewaySettings(
+        data_dir=_path(base, gw.get("data_dir", "str", "data")) or base / "data",
+        drain_timeout=gw.get("drain_timeout", "duration", 10.0),
+        log_level=str(gw.get("log_level", "str", "info", check=check_level)).lower(),
+        log_format=str(gw.get("log_format", "str", "text", check=check_format)).lower(),
+        limits=limits,
+    )
+    gw.finish()
+
+    # (index in the file, settings) so that errors name the entry as written.
+    indexed_listeners = [
+        (i, ls)
+        for i, item in enumerate(_array(root, "listeners", errors))
+        if (ls := _listener(_Table(errors, f"listeners[{i}]", item), base, registry))
+    ]
+    indexed_upstreams = [
+        (i, up)
+        for i, item in enumerate(_array(root, "upstreams", errors))
+        if (up := _upstream(_Table(errors, f"upstreams[{i}]", item), base, registry))
+    ]
+    _unique(errors, "listeners", [(i, ls.name) for i, ls in indexed_listeners], "name")
+    # Port 0 asks the OS for a free port: several such binds never collide.
+    fixed_binds = [(i, ls.bind) for i, ls in indexed_listeners if not _any_port(ls.bind)]
+    _unique(errors, "listeners", fixed_binds, "bind")
+    _unique(errors, "upstreams", [(i, up.name) for i, up in indexed_upstreams], "name")
+    _check_upstream_refs(errors, root.data.get("upstreams"))
+    listeners = [ls for _, ls in indexed_listeners]
+    upstreams = [up for _, up in indexed_upstreams]
+
+    upstream_names = {up.name for up in upstreams}
+    routes = []
+    for i, item in enumerate(_array(root, "routes", errors)):
+        t = _Table(errors, f"routes[{i}]", item)
+        pattern = t.get("from", "str")
+        to = t.get("to", "str_or_list")
+        t.finish()
+        if pattern is None or to is None:
+            continue
+        if not to:
+            errors.add(t.key("to"), "must name at least one target")
+            continue
+        for target in to:
+            if target.startswith(UPSTREAM_PREFIX):
+                up = target[len(UPSTREAM_PREFIX) :]
+                if up not in upstream_names:
+                    errors.add(t.key("to"), f"no upstream named {up!r} is configured")
+        route = Route(pattern, tuple(to))
+        try:
+            Router([route])
+        except RouteError as e:
+            errors.add(t.key("to"), str(e))
+            continue
+        routes.append(route)
+    store = _store(root)
+    indexed_destinations = [
+        (i, spec)
+        for i, item in enumerate(_array(root, "destinations", errors))
+        if (spec := _destination(_Table(errors, f"destinations[{i}]", item), limits, store))
+    ]
+    _unique(errors, "destinations", [(i, d.name) for i, d in indexed_destinations], "name")
+    destinations = [spec for _, spec in indexed_destinations]
+    metrics_bind, metrics_max_connections, metrics_idle_timeout = _http_endpoint(
+        root, "metrics", registry, indexed_listeners, errors
+    )
+    admin_bind, admin_max_connections, admin_idle_timeout = _http_endpoint(
+        root, "admin", registry, indexed_listeners, errors
+    )
+    if admin_bind is not None and admin_bind == metrics_bind and not _any_port(admin_bind):
+        errors.add("admin.bind", "is also the bind of metrics")
+    _overlapping_binds(
+        errors,
+        [(f"listeners[{i}].bind", ls.bind) for i, ls in indexed_listeners]
+        + [("metrics.bind", metrics_bind), ("admin.bind", admin_bind)],
+    )
+    root.finish(
+        "top-level tables are gateway, store, metrics, admin, listeners, upstreams, routes"
+        " and destinations"
+    )
+
+    if errors.items:
+        raise ConfigError(errors.items)
+    return Config(
+        gateway,
+        listeners,
+        upstreams,
+        routes,
+        destinations,
+        metrics_bind=metrics_bind,
+        metrics_max_connections=metrics_max_connections,
+        metrics_idle_timeout=metrics_idle_timeout,
+        admin_bind=admin_bind,
+        admin_max_connections=admin_max_connections,
+        admin_idle_timeout=admin_idle_timeout,
+        store=store,
+    )
+
+
+def _http_endpoint(
+    root: _Table,
+    name: str,
+    registry: Registry,
+    indexed_listeners: list[tuple[int, ListenerSettings]],
+    errors: _Errors,
+) -> tuple[str | None, int, float]:
+    """The ``[metrics]`` or ``[admin]`` table: (bind or None, max_connections, idle_timeout)."""
+    bind, max_connections, idle_timeout = None, 16, 10.0
+    table = root.table(name)
+    if table is None or not table.ok:
+        return bind, max_connections, idle_timeout
+    bind = table.get("bind", "str", check=_check_address(registry, plain=True, what=name))
+    max_connections = table.get("max_connections", "int", 16, minimum=1)
+    idle_timeout = table.get("idle_timeout", "duration", 10.0, minimum=0.01)
+    table.finish()
+    if bind is not None and not _any_port(bind):
+        for i, ls in indexed_listeners:
+            if ls.bind == bind:
+                errors.add(table.key("bind"), f"is also the bind of listeners[{i}]")
+    return bind, max_connections, idle_timeout
+
+
+def _check_destination_name(value: str) -> None:
+    if not value:
+        raise ValueError("must not be empty")
+    if value.startswith(UPSTREAM_PREFIX):
+        raise ValueError(f"{value!r}: upstream destinations are queues and cannot be configured")
+
+
+#: Values of a destination's ``store`` key: where its log is kept.
+STORES = ("embedded",)
+
+
+def _store(root: _Table) -> StoreSettings:
+    """The ``[store]`` table."""
+    d = StoreSettings()
+    t = root.table("store")
+    if t is None or not t.ok:
+        return d
+    settings = StoreSettings(
+        fsync=t.get("fsync", "str", d.fsync, choices=("always", "interval", "never")),
+        fsync_interval=t.get("fsync_interval", "duration", d.fsync_interval, minimum=0.0001),
+        chunk_bytes=t.get("chunk_bytes", "size", d.chunk_bytes, minimum=64 * 1024),
+        retain_bytes=t.get("retain_bytes", "size", d.retain_bytes, minimum=1024),
+        retain_age=t.get("retain_age", "duration", d.retain_age, minimum=1.0),
+    )
+    t.finish("keys are fsync, fsync_interval, chunk_bytes, retain_bytes and retain_age")
+    return settings
+
+
+def _destination(t: _Table, limits: HubLimits, store: StoreSettings) -> DestinationSpec | None:
+    """One ``[[destinations]]`` entry, checked for keys that do not fit its kind."""
+    if not t.ok:
+        return None
+    name = t.get("name", "str", check=_check_destination_name)
+    kind = t.get("kind", "str", "topic", choices=("topic", "queue"))
+    where = t.get("store", "str", None, choices=STORES)
+    retain = t.get("retain", "size", None, minimum=1024)
+    retain_age = t.get("retain_age", "duration", None, minimum=1.0)
+    partitions = t.get("partitions", "int", None, minimum=1, maximum=1024)
+    partition_key = t.get("partition_key", "str", None)
+    overflow = t.get("overflow", "str", None, choices=("block", "drop_oldest"))
+    element_size = t.get("element_size", "int", None, minimum=1, maximum=16 * 1024 * 1024)
+    groups = t.get("groups", "str_list", [], check=_check_groups)
+    buffer_bytes = t.get("buffer_bytes", "size", None, minimum=1024)
+    buffer_messages = t.get("buffer_messages", "int", None, minimum=1)
+    t.finish(
+        "keys are name, kind, store, retain, retain_age, partitions, partition_key, overflow, "
+        "element_size, groups, buffer_bytes and buffer_messages"
+    )
+    if where is None:
+        for key, value in (
+            ("retain_age", retain_age),
+            ("partitions", partitions),
+            ("partition_key", partition_key),
+        ):
+            if value is not None:
+                t.errors.add(t.key(key), "applies to durable destinations only: set 'store' too")
+    if partition_key is not None and partitions in (None, 1):
+        t.errors.add(t.key("partition_key"), "needs 'partitions' above 1")
+    is_log = retain is not None or where is not None
+    if overflow is not None and not is_log:
+        t.errors.add(t.key("overflow"), "applies to logs only: set 'retain' or 'store' too")
+    if is_log:
+        for key, value in (("buffer_bytes", buffer_bytes), ("buffer_messages", buffer_messages)):
+            if value is not None:
+                t.errors.add(t.key(key), "does not apply to a log, which 'retain' bounds")
+    if kind == "queue" and groups:
+        t.errors.add(t.key("groups"), "a queue has one group, which every subscriber joins")
+    if where is not None and retain is None:
+        retain = store.retain_bytes
+    if element_size is not None:
+        bound = retain if retain is not None else buffer_bytes or limits.buffer_bytes
+        if element_size + MESSAGE_OVERHEAD > bound:
+            t.errors.add(t.key("element_size"), f"does not fit the buffer of {bound} bytes")
+    if name is None:
+        return None
+    return DestinationSpec(
+        name=name,
+        kind=kind,
+        retain=retain,
+        overflow=overflow or "block",
+        element_size=element_size,
+        groups=tuple(groups),
+        buffer_bytes=buffer_bytes,
+        buffer_messages=buffer_messages,
+        store=where,
+        retain_age=retain_age if retain_age is not None else store.retain_age,
+        partitions=partitions or 1,
+        partition_key=partition_key,
+    )
+
+
+def _check_groups(groups: list[str]) -> None:
+    for g in groups:
+        _check_name(g)
+
+
+_WILDCARDS = {"", "*", "0.0.0.0", "::", "[::]"}
+
+
+def _overlapping_binds(errors: _Errors, binds: list[tuple[str, str | None]]) -> None:
+    """Refuse a TCP port bound twice where the addresses overlap.
+
+    ``127.0.0.1:7070`` beside ``0.0.0.0:7070`` passes on some systems and
+    fails on others (or takes traffic away from one of them): a wildcard
+    address covers every specific one on the same port. Identical binds are
+    reported where they are checked already.
+    """
+    seen: list[tuple[str, str, int]] = []
+    for key, bind in binds:
+        if bind is None or bind.startswith("unix:") or _any_port(bind):
+            continue
+        host, _, port_text = bind.rpartition(":")
+        if not port_text.isdigit():
+            continue
+        port = int(port_text)
+        for other_key, other_host, other_port in seen:
+            if (
+                port == other_port
+                and host != other_host
+                and (host in _WILDCARDS or other_host in _WILDCARDS)
+            ):
+                errors.add(
+                    key,
+                    f"{bind} overlaps {other_key} ({other_host or '*'}:{other_port}):"
+                    " a wildcard address already covers every address on that port",
+                )
+        seen.append((key, host, port))
+
+
+def _any_port(bind: str) -> bool:
+    """A TCP bind to port 0 (the OS picks a free port); ``unix:/x:0`` is a path."""
+    return bind.endswith(":0") and not bind.startswith("unix:")
+
+
+def _array(root: _Table, name: str, errors: _Errors) -> list[Any]:
+    root.used.add(name)
+    value = root.data.get(name, [])
+    if not isinstance(value, list):
+        errors.add(name, f"expected an array of tables ([[{name}]]), got {_describe(value)}")
+        return []
+    return value
+
+
+def _check_upstream_refs(errors: _Errors, upstreams: Any) -> None:
+    """Check the ``upstream`` options read so far against ``[[upstreams]]`` as written.
+
+    An upstream with errors of its own still counts as configured here, so
+    that a reference to it adds no second error.
+    """
+    speaks: dict[str, Any] = {}
+    for item in upstreams if isinstance(upstreams, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("name"), str):
+            speaks.setdefault(item["name"], item.get("protocol"))
+    for key, name, protocol in errors.refs:
+        if name not in speaks:
+            errors.add(key, f"no upstream named {name!r} is configured")
+        elif isinstance(speaks[name], str) and speaks[name] != protocol:
+            errors.add(key, f"upstream {name!r} speaks {speaks[name]!r}, not {protocol!r}")
+
+
+def _unique(errors: _Errors, table: str, values: list[tuple[int, str]], key: str) -> None:
+    seen: set[str] = set()
+    for i, v in values:
+        if v in seen:
+            errors.add(f"{table}[{i}].{key}", f"duplicate {key} {v!r}")
+        seen.add(v)
+
+
+def _check_address(
+    registry: Registry, *, plain: bool = False, what: str = "metrics"
+) -> Callable[[str], None]:
+    """Check an address with the transport that claims it (``plain``: one without a handshake,
+    for the ``what`` endpoint)."""
+
+    def check(address: str) -> None:
+        try:
+            transport = registry.transport_for(address)
+        except LookupError as e:
+            raise ValueError(str(e)) from None
+        transport.check_address(address)
+        if plain and transport.handshakes:
+            raise ValueError(
+                f"the {transport.name} transport has a handshake of its own, and the "
+                f"{what} endpoint is plain HTTP (use host:port or unix:)"
+            )
+
+    return check
+
+
+def _protocol(
+    t: _Table, registry: Registry, role: str
+) -> tuple[str | None, type[ProtocolPlugin] | None]:
+    """The ``protocol`` key: its name, and the plugin if it is loaded and has ``role``."""
+    protocol_name = t.get("protocol", "str")
+    if protocol_name is None:
+        return None, None
+    try:
+        plugin = registry.protocol(protocol_name)
+    except LookupError as e:
+        t.errors.add(t.key("protocol"), str(e))
+        return protocol_name, None
+    if role not in plugin.roles:
+        t.errors.add(t.key("protocol"), f"protocol {protocol_name!r} has no {role} role")
+        return protocol_name, None
+    return protocol_name, plugin
+
+
+def _listener(t: _Table, base: Path, registry: Registry) -> ListenerSettings | None:
+    if not t.ok:
+        return None
+    name = t.get("name", "str", check=_check_name)
+    protocol_name, plugin = _protocol(t, registry, "server")
+    bind = t.get("bind", "str", check=_check_address(registry))
+    settings = ListenerSettings(
+        name=name,
+        protocol=protocol_name or "",
+        bind=bind,
+        destination=t.get("destination", "str", name or ""),
+        max_connections=t.get("max_connections", "int", 1024, minimum=1),
+        max_connections_per_address=t.get("max_connections_per_address", "int", 256, minimum=0),
+        handshake_timeout=t.get("handshake_timeout", "duration", 10.0),
+        idle_timeout=t.get("idle_timeout", "duration", 60.0),
+    )
+    tls = t.table("tls")
+    if tls is not None and tls.ok:
+        cert = _path(base, tls.get("cert", "str"))
+        key = _path(base, tls.get("key", "str"))
+        client_auth = tls.get(
+            "client_auth", "str", "none", choices=("none", "optional", "required")
+        )
+        client_ca = _path(base, tls.get("client_ca", "str", None))
+        min_version = tls.get("min_version", "str", "1.2", choices=("1.2", "1.3"))
+        tls.finish()
+        if client_auth != "none" and client_ca is None:
+            t.errors.add(tls.key("client_ca"), f"is required when client_auth = {client_auth!r}")
+        elif cert is not None and key is not None:
+            settings.tls = TlsServerSettings(cert, key, client_ca, client_auth, min_version)
+            _try_tls(t, tls.path, lambda: registry.layer_for("tls").server_context(settings.tls))
+    if plugin is not None:
+        settings.options = t.options(plugin.listener_options, protocol_name or "")
+    t.finish(f"see the {protocol_name!r} protocol's listener options" if plugin else "")
+    if None in (name, protocol_name, bind) or plugin is None:
+        return None
+    return settings
+
+
+def _upstream(t: _Table, base: Path, registry: Registry) -> UpstreamSettings | None:
+    if not t.ok:
+        return None
+    name = t.get("name", "str", check=_check_name)
+    protocol_name, plugin = _protocol(t, registry, "client")
+    check = _check_address(registry)
+
+    def check_all(addresses: list[str]) -> None:
+        if not addresses:
+            raise ValueError("needs at least one address")
+        for a in addresses:
+            check(a)
+
+    settings = UpstreamSettings(
+        name=name,
+        protocol=protocol_name or "",
+        connect=t.get("connect", "str_or_list", check=check_all),
+        connect_timeout=t.get("connect_timeout", "duration", 10.0),
+        handshake_timeout=t.get("handshake_timeout", "duration", 10.0),
+        backoff_initial=t.get("backoff_initial", "duration", 0.5),
+        backoff_max=t.get("backoff_max", "duration", 5.0),
+        destination=t.get("destination", "str", name or ""),
+    )
+    tls = t.table("tls")
+    if tls is not None and tls.ok:
+        settings.tls = TlsClientSettings(
+            ca=_path(base, tls.get("ca", "str", None)),
+            cert=_path(base, tls.get("cert", "str", None)),
+            key=_path(base, tls.get("key", "str", None)),
+            server_name=tls.get("server_name", "str", None),
+            verify=tls.get("verify", "bool", True),
+            min_version=tls.get("min_version", "str", "1.2", choices=("1.2", "1.3")),
+        )
+        tls.finish()
+        _try_tls(t, tls.path, lambda: registry.layer_for("tls").client_context(settings.tls))
+    if plugin is not None:
+        settings.options = t.options(plugin.upstream_options, protocol_name or "")
+    t.finish(f"see the {protocol_name!r} protocol's upstream options" if plugin else "")
+    if None in (name, protocol_name, settings.connect) or plugin is None:
+        return None
+    return settings
+
+
+def _try_tls(t: _Table, key: str, build: Callable[[], object]) -> None:
+    try:
+        build()
+    except (ValueError, LookupError, OSError) as e:
+        t.errors.add(key, str(e))
+
+
+def load(path: str | Path, registry: Registry | None = None) -> Config:
+    """Read and validate the config file at ``path``."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError([f"{path}: cannot read: {e.strerror or e}"]) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError([f"{path}: not UTF-8 text: {e}"]) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError([f"{path}: invalid TOML: {e}"]) from None
+    config = parse(data, source=str(path), base_dir=path.parent.resolve(), registry=registry)
+    config.path = path
+    return config
+
+
+def default_config(registry: Registry | None = None, base_dir: Path | None = None) -> Config:
+    """The embedded default: every registered server protocol on loopback, own port,
+    publishing into durable queues kept under ``./data``."""
+    registry = registry or default_registry()
+    data = default_data(registry)
+    return parse(data, source="<embedded default>", base_dir=base_dir, registry=registry)
+
+
+def default_data(registry: Registry) -> dict[str, Any]:
+    """The embedded default as the config table it stands for (see :func:`default_config`)."""
+    listeners = []
+    for name, plugin in registry.loaded_protocols().items():
+        if "server" not in plugin.roles or plugin.default_port is None:
+            continue
+        item: dict[str, Any] = {
+            "name": name,
+            "protocol": name,
+            "bind": f"127.0.0.1:{plugin.default_port}",
+        }
+        item.update(plugin.default_listener())
+        listeners.append(item)
+    # What the default listeners publish is kept on disk (a durable queue): a
+    # sender is acked once it is stored, and a consumer gets each message once
+    # it comes, across restarts.
+    queues = sorted({item.get("destination", item["name"]) for item in listeners})
+    return {
+        "gateway": {"data_dir": "data"},
+        "metrics": {"bind": f"127.0.0.1:{DEFAULT_METRICS_PORT}"},
+        "admin": {"bind": f"127.0.0.1:{DEFAULT_ADMIN_PORT}"},
+        "listeners": listeners,
+        "destinations": [{"name": name, "kind": "queue", "store": "embedded"} for name in queues],
+    }

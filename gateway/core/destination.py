@@ -1,0 +1,273 @@
+"""The seam between the hub and whatever keeps messages: in-memory topics,
+queues and logs now, durable segment-store streams later.
+
+A destination takes copies of messages (each a *leg* of the publisher's
+receipt) and hands them to subscriptions that pull with credit and ack. An
+implementation decides when a leg settles: a topic or queue when the group
+that got a copy acked (or answered) it, a log when the copy is stored.
+
+Destinations that keep a log give every delivery a :class:`Position`, let a
+subscription start at ``"earliest"``, ``"latest"`` or a position, keep a
+committed position per named group, and end a finite read with
+:class:`EndOfStream`.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import operator
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
+
+import trio
+
+from gateway.core.model import MESSAGE_OVERHEAD, Message, Outcome, Position, Reply
+from gateway.core.receipts import Receipt
+
+if TYPE_CHECKING:
+    from gateway.core.filters import Filter
+
+__all__ = [
+    "QUEUE_GROUP",
+    "Delivery",
+    "Destination",
+    "DestinationInfo",
+    "DestinationProvider",
+    "EndOfStream",
+    "Kind",
+    "StartAt",
+    "StopAt",
+    "Subscription",
+]
+
+#: The one group of a queue, which every subscriber joins.
+QUEUE_GROUP = "queue"
+#: What a destination does with messages (see docs/architecture.md).
+Kind = Literal["topic", "queue", "log"]
+#: Where a subscription starts reading a log. A ``Position`` of a partition the
+#: destination does not have is a ValueError.
+StartAt = Literal["earliest", "latest"] | Position | int
+#: Where a finite read of a log ends (exclusive); ``"latest"``: the tail when
+#: subscribing. Partitions as for :data:`StartAt`.
+StopAt = Literal["latest"] | Position | int
+
+
+class EndOfStream(trio.EndOfChannel):
+    """A finite read reached its end: every delivery before it was handed out."""
+
+
+class Delivery(NamedTuple):
+    """One message handed to a subscriber; ack, nack or reply to it by ``tag``."""
+
+    tag: int
+    message: Message
+    #: True when an earlier delivery of this copy was not acked.
+    redelivered: bool = False
+    #: Where the message sits, for destinations that keep a log; else None.
+    position: Position | None = None
+    #: For a call: the trio time by which the caller wants a reply; else None.
+    reply_by: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationInfo:
+    """What a protocol may need to know about a destination before using it."""
+
+    name: str
+    kind: Kind
+    #: Every body is exactly this many bytes (fixed-size elements), or None.
+    element_size: int | None = None
+    #: Subscriptions may start at a position, and deliveries carry one.
+    positions: bool = False
+    #: The name of the one group every subscriber of a queue joins.
+    queue_group: str | None = None
+
+
+class Subscription(ABC):
+    """A consumer's handle: pull with credit, then ack or nack each delivery.
+
+    ``credit`` is demand in messages (``None``: unlimited), consumed by each
+    delivery; ``max_unacked``/``max_unacked_bytes`` bound what may be delivered
+    and not yet acked. Closing hands unacked deliveries back for redelivery.
+    """
+
+    destination: str
+    group: str | None
+    #: Only messages whose headers match are delivered (None: every message).
+    filter: Filter | None = None
+
+    @property
+    @abstractmethod
+    def credit(self) -> int | None:
+        """Messages this subscriber may still receive (``None`` = unlimited)."""
+
+    @property
+    @abstractmethod
+    def unacked(self) -> int:
+        """Deliveries not yet acked or nacked."""
+
+    @abstractmethod
+    def grant(self, n: int) -> None:
+        """Add ``n`` messages of credit (Reactive Streams ``request(n)``)."""
+
+    @abstractmethod
+    async def receive(self, max_count: int | None = None) -> list[Delivery]:
+        """Wait for at least one delivery and return up to ``max_count`` of them.
+
+        Raises ``trio.ClosedResourceError`` once the subscription or hub closed.
+        """
+
+    @abstractmethod
+    def ack(self, tag: int) -> None:
+        """The delivery is safe at the subscriber: settle its leg as delivered."""
+
+    def ack_many(self, tags: Iterable[int]) -> None:
+        """Ack several deliveries (one call per window instead of one per event)."""
+        for tag in tags:
+            self.ack(tag)
+
+    @abstractmethod
+    def nack(
+        self, tag: int, *, requeue: bool = True, outcome: Outcome = Outcome.FAILED, reason: str = ""
+    ) -> None:
+        """Give a delivery back: redeliver it, or settle it with ``outcome``."""
+
+    def reply(self, tag: int, reply: Reply) -> None:
+        """Answer a call (a delivery with ``reply_by`` set): settles it like an ack and
+        hands ``reply`` to the caller. Raises ValueError for a delivery that is no call."""
+        raise ValueError(f"destination {self.destination!r} takes no calls")
+
+    @property
+    def committed(self) -> Position | None:
+        """The group's committed position: every message before it was settled for
+        the group (acked, skipped by its filter, rejected with a nack without
+        requeue, or dropped by retention).
+
+        None where the destination keeps no log.
+        """
+        return None
+
+    @abstractmethod
+    def close(self) -> None:
+        """Leave: unacked deliveries are redelivered to the group (idempotent)."""
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Destination(ABC):
+    """Something a message can be published to and subscribed from."""
+
+    name: str
+
+    @abstractmethod
+    def check(self, message: Message) -> str | None:
+        """Why ``message`` can never be taken (e.g. larger than the buffer), or None."""
+
+    @abstractmethod
+    async def put(self, message: Message, receipt: Receipt, index: int = 0) -> None:
+        """Take a copy, adding its legs to ``receipt``; wait while the buffer is full.
+
+        ``index`` is the message's place in the publish, for the receipt's
+        per-message results.
+        """
+
+    async def put_many(self, messages: Sequence[Message], receipt: Receipt, base: int = 0) -> None:
+        """Take copies of ``messages`` (indexes ``base``… of the publish) in order."""
+        for i, message in enumerate(messages, base):
+            problem = self.check(message)
+            if problem is not None:
+                receipt.add_legs()
+                receipt.settle(i, Outcome.REJECTED, problem)
+            else:
+                await self.put(message, receipt, i)
+
+    @property
+    @abstractmethod
+    def info(self) -> DestinationInfo:
+        """Its kind and what subscribers and publishers must know about it."""
+
+    @abstractmethod
+    def subscribe(
+        self,
+        group: str | None = None,
+        *,
+        credit: int | None = None,
+        max_unacked: int = 1024,
+        max_unacked_bytes: int | None = None,
+        start: StartAt | None = None,
+        end: StopAt | None = None,
+        filter: Filter | None = None,
+    ) -> Subscription:
+        """Join ``group`` (competing consumers), or a group of one when ``None``.
+
+        ``start`` and ``end`` need a destination with positions (a log); a topic
+        or queue takes only ``"latest"`` (what it does anyway) and raises
+        ValueError for anything else. ``start`` applies to a new group; a named
+        group that exists resumes where it stopped. ``filter`` belongs to the
+        group: members of one named group must agree on it.
+        """
+
+    @abstractmethod
+    def declare_group(self, group: str) -> None:
+        """Create a named group now, so it collects messages before a member joins."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Wake every waiter with ``trio.ClosedResourceError``; called at shutdown."""
+
+    def stats(self) -> dict[str, object]:
+        """Counters for operators (queue depth, bytes); empty by default."""
+        return {}
+
+
+class DestinationProvider(Protocol):
+    """Supplies destinations of another kind (the durable store) by name."""
+
+    def open(self, name: str) -> Destination | None:
+        """Return the destination for ``name``, or None to let the hub use a topic."""
+
+
+def refusal(
+    destination: str, message: Message, max_bytes: int, element_size: int | None = None
+) -> str | None:
+    """Why ``destination`` can never take ``message`` (too large for its buffer, or
+    not one fixed-size element), or None: every destination's :meth:`Destination.check`."""
+    if element_size is not None and len(message.body) != element_size:
+        return (
+            f"destination {destination!r} takes elements of exactly {element_size} bytes, "
+            f"not {len(message.body)}"
+        )
+    if message.size > max_bytes:
+        return (
+            f"message of {message.size} bytes exceeds the buffer of destination "
+            f"{destination!r} ({max_bytes} bytes)"
+        )
+    return None
+
+
+#: Builds a Delivery from a plain 5-tuple without the named tuple's Python-level
+#: ``__new__`` (destinations make one per message handed out).
+new_delivery = functools.partial(tuple.__new__, Delivery)
+
+_anonymous_ids = itertools.count(1)
+_HEADERS = operator.attrgetter("headers")
+_BODY = operator.attrgetter("body")
+
+
+def anonymous_group() -> str:
+    """A fresh name for the group of one an anonymous subscriber makes."""
+    return f"~{next(_anonymous_ids)}"
+
+
+def message_sizes(messages: Sequence[Message]) -> list[int]:
+    """``Message.size`` of each message; C-level loops when none has headers."""
+    if any(map(_HEADERS, messages)):
+        return [m.size for m in messages]
+    return list(map(MESSAGE_OVERHEAD.__add__, map(len, map(_BODY, messages))))

@@ -1,0 +1,953 @@
+"""Replayable log destinations: groups, committed positions and retention, over
+an entry storage that a subclass provides.
+
+A log keeps every message appended to it, in order, at an *offset* (0, 1, 2,
+…, a :class:`~gateway.core.model.Position`) and lets subscribers read it by
+position: from the earliest retained message, from the tail, or from any
+offset in between, and optionally up to an end (a finite read). As in a topic,
+every *group* reads the whole log (fan-out) and the members of one group
+compete for its messages; each group keeps a *committed position*: every
+offset below it was acked (or skipped) by the group, so a named group that
+leaves and comes back resumes there, its unacked messages redelivered first.
+
+A publisher's leg settles once the copy is stored, not when a group consumes
+it: the log, not the consumers, is where a message is safe. What "stored"
+means is the storage's: in memory at once (:class:`gateway.core.memory_log.MemoryLog`),
+or once the segment store made it durable (:class:`gateway.durable.log.DurableLog`).
+
+Retention is bounded in bytes (``Message.size``). To make room the oldest
+entries go first, but only those every group has committed past; when that is
+not enough, ``overflow="block"`` makes the publisher wait for acks
+(backpressure, as a full topic does) and ``overflow="drop_oldest"`` evicts
+anyway, each group that still needed the evicted entries counting them as
+``dropped`` and moving its committed position past them (a member holding one
+unacked may still ack it; given back, it counts as dropped too). Entries no
+group needs stay until the size bound pushes them out, so a new subscriber can
+still replay them.
+
+The base keeps, for every retained entry, the running byte total up to it, in
+one sequence with a moving head (compacted once the head passes half of it):
+the bytes of any range of offsets, and the offset where a byte budget runs
+out, cost one subtraction or one bisection, whatever the storage. The
+messages themselves are the storage's: a subclass stores a run
+(:meth:`LogDestination._store`), keeps the recent messages in a list the base
+reads directly (``_recent``: a run is handed out as one C-level slice), reads
+older ones on demand (:meth:`LogDestination._read`), and forgets what was
+evicted (:meth:`LogDestination._release`). Offsets in ``_holes`` hold no readable
+message (a durable record that failed its checksum; always older than the
+recent ones): they are never delivered, and count as dropped for every group
+that reaches them.
+
+A log may be one *partition* of a destination (``partition``): the positions
+it gives out carry that partition, and it takes start and end positions of
+that partition only. A subscription that merges several partitions
+(:class:`gateway.durable.partitioned.PartitionedLog`) takes from each member
+without waiting (:meth:`LogSubscription.take`, sharing one byte window) and
+waits on all of them in one task (:meth:`LogSubscription.watch`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import operator
+from abc import abstractmethod
+from collections.abc import Callable, Iterable, MutableSequence, Sequence
+from itertools import repeat
+from typing import TYPE_CHECKING, Literal
+
+import trio
+
+from gateway.core.destination import (
+    QUEUE_GROUP,
+    Delivery,
+    Destination,
+    DestinationInfo,
+    EndOfStream,
+    StartAt,
+    StopAt,
+    Subscription,
+    anonymous_group,
+    message_sizes,
+    new_delivery,
+    refusal,
+)
+from gateway.core.errors import StorageFull
+from gateway.core.model import Message, Outcome, Position
+from gateway.core.receipts import Receipt
+
+if TYPE_CHECKING:
+    from gateway.core.filters import Filter
+
+__all__ = ["QUEUE_GROUP", "LogDestination", "LogSubscription", "positions"]
+
+_NO_HOLES: frozenset[int] = frozenset()
+
+
+def positions(lo: int, hi: int, partition: int = 0) -> list[Position]:
+    """``Position(lo, partition)`` … ``Position(hi - 1, partition)``."""
+    return list(map(tuple.__new__, repeat(Position), zip(range(lo, hi), repeat(partition))))
+
+
+def _offset_of(where: Position | int, what: str, partition: int) -> int:
+    if isinstance(where, Position):
+        if where.partition != partition:
+            raise ValueError(f"{what} {where!r}: this log is partition {partition}")
+        return where.offset
+    if isinstance(where, int) and not isinstance(where, bool):
+        return where
+    raise ValueError(f"{what} must be 'earliest', 'latest', an offset or a Position: {where!r}")
+
+
+class _Group:
+    """One group's reading state.
+
+    ``cursor`` is the next offset never handed out; below it every offset is
+    settled (acked, rejected, skipped by the filter, dropped), unacked at a
+    member, or waiting in ``redeliver``. ``committed`` is the first offset not
+    settled: ``settled`` holds the settled offsets above it. Eviction under
+    ``drop_oldest`` moves both past the evicted entries, even ones a member
+    still holds unacked: the group can never read them again.
+    """
+
+    __slots__ = (
+        "anonymous",
+        "committed",
+        "cursor",
+        "dropped",
+        "filter",
+        "members",
+        "name",
+        "redeliver",
+        "rejected",
+        "settled",
+        "waiters",
+        "watchers",
+    )
+
+    def __init__(self, name: str, anonymous: bool, filter: Filter | None, start: int) -> None:
+        self.name = name
+        self.anonymous = anonymous
+        self.filter = filter
+        self.cursor = start
+        self.committed = start
+        self.settled: set[int] = set()
+        #: Offsets given back (nack, close), a heap: handed out first, lowest first.
+        self.redeliver: list[int] = []
+        self.members: list[LogSubscription] = []
+        #: Members waiting for something to take.
+        self.waiters = trio.lowlevel.ParkingLot()
+        #: Lots of tasks that wait on several subscriptions at once, woken with the
+        #: waiters (:meth:`LogSubscription.watch`).
+        self.watchers: list[trio.lowlevel.ParkingLot] = []
+        self.dropped = 0
+        self.rejected = 0
+
+    def settle(self, offsets: Sequence[int]) -> bool:
+        """Mark ``offsets`` settled; return True if the committed position moved."""
+        c = self.committed
+        if offsets and min(offsets) < c:
+            # Deliveries of entries evicted under drop_oldest: already passed.
+            offsets = [o for o in offsets if o >= c]
+        settled = self.settled
+        settled.update(offsets)
+        if c not in settled:
+            return False
+        while c in settled:
+            settled.remove(c)
+            c += 1
+        self.committed = c
+        return True
+
+    def settle_run(self, lo: int, hi: int) -> bool:
+        """Mark offsets ``lo`` to ``hi`` (exclusive) settled; True if committed moved."""
+        if lo >= hi:
+            return False
+        if lo != self.committed:
+            self.settled.update(range(lo, hi))
+            return False
+        c = hi
+        settled = self.settled
+        while c in settled:
+            settled.remove(c)
+            c += 1
+        self.committed = c
+        return True
+
+    def skip_to(self, offset: int) -> None:
+        """Commit everything below ``offset``, whatever its state (eviction)."""
+        if offset <= self.committed:
+            return
+        settled = self.settled = {o for o in self.settled if o >= offset}
+        while offset in settled:
+            settled.remove(offset)
+            offset += 1
+        self.committed = offset
+
+    def wake(self) -> None:
+        if self.waiters:
+            self.waiters.unpark_all()
+        if self.watchers:
+            for lot in self.watchers:
+                lot.unpark_all()
+
+
+class LogDestination(Destination):
+    """A replayable, bounded log with committed positions per group; where its
+    messages live is the subclass's (see the module docstring)."""
+
+    #: Makes the sequence of running byte totals (a list; an ``array`` saves memory).
+    _ends_type: Callable[[], MutableSequence[int]] = list
+    #: Offsets whose message cannot be read, all below ``_recent_first``: never
+    #: delivered (see the module docstring).
+    _holes: frozenset[int] | set[int]
+    #: The storage's messages in memory: ``_recent[o - _recent_base]`` is the one
+    #: at offset ``o`` for ``_recent_first <= o < tail``; older ones come from ``_read``.
+    _recent: Sequence[Message]
+    _recent_base: int
+    _recent_first: int
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        retain_bytes: int,
+        kind: Literal["topic", "queue"] = "topic",
+        overflow: Literal["block", "drop_oldest"] = "block",
+        element_size: int | None = None,
+        partition: int = 0,
+    ) -> None:
+        if retain_bytes < 1:
+            raise ValueError("retain_bytes must be at least 1")
+        if kind not in ("topic", "queue"):
+            raise ValueError(f"kind must be 'topic' or 'queue', not {kind!r}")
+        if overflow not in ("block", "drop_oldest"):
+            raise ValueError(f"overflow must be 'block' or 'drop_oldest', not {overflow!r}")
+        if partition < 0:
+            raise ValueError(f"partition must not be negative: {partition}")
+        self.name = name
+        #: Which partition of its destination this log is: every position it gives
+        #: out carries it, and it takes only start and end positions of it.
+        self.partition = partition
+        self.retain_bytes = retain_bytes
+        self.kind = kind
+        self.overflow = overflow
+        self.element_size = element_size
+        #: ``_ends[i]``: bytes appended up to and including offset ``_base + i``;
+        #: entries from index ``_head`` on are retained.
+        self._ends = self._ends_type()
+        self._base = 0
+        #: Bytes appended before offset ``_base`` (any origin: only differences count).
+        self._base_bytes = 0
+        self._head = 0
+        # Instance attributes, not class defaults: the interpreter reads those faster.
+        self._holes = _NO_HOLES
+        self._recent = ()
+        self._recent_base = self._recent_first = 0
+        self._groups: dict[str, _Group] = {}
+        #: Publishers waiting for room.
+        self._space = trio.lowlevel.ParkingLot()
+        #: Publishes waiting now for groups to commit (the log is full), and for the
+        #: storage under the log to have room (its disk is full).
+        self.blocked = 0
+        self.held_by_storage = 0
+        self._closed = False
+        #: Deliveries handed out and acked: plain counts for the metrics.
+        self.delivered = 0
+        self.acked = 0
+        self._info = DestinationInfo(
+            name,
+            "log",
+            element_size,
+            positions=True,
+            queue_group=QUEUE_GROUP if kind == "queue" else None,
+        )
+        if kind == "queue":
+            # Exists from the start, so it holds every message from the first offset.
+            self._groups[QUEUE_GROUP] = _Group(QUEUE_GROUP, False, None, 0)
+
+    # -- the storage ------------------------------------------------------------------
+    @abstractmethod
+    def _store(self, messages: Sequence[Message], receipt: Receipt, index: int, first: int) -> None:
+        """Keep ``messages`` at offsets ``first``…; add one leg per message to
+        ``receipt`` (publish indexes ``index``…) and settle each with
+        ``settle_stored`` once it is stored. Raise, keeping nothing, if it cannot."""
+
+    def _read(self, lo: int, hi: int) -> tuple[Sequence[Message], int, int]:
+        """Messages older than ``_recent_first``: ``(messages, base, covered)``, where
+        ``messages[o - base]`` is the message at each offset ``o`` from ``lo``
+        (retained, below ``hi <= _recent_first``) up to ``covered`` (``lo < covered
+        <= hi``). An unreadable entry is in ``_holes`` once this returns (with any
+        message in its place)."""
+        raise NotImplementedError(f"log {self.name!r} keeps every message in memory")
+
+    def _release(self, new_first: int, compacted: int) -> None:
+        """Entries below ``new_first`` were evicted, and the first ``compacted``
+        slots of ``_ends`` dropped (for storage kept in step with it)."""
+
+    def _changed(self) -> None:
+        """A group came or its committed position moved, or ``first`` moved (for
+        storage that remembers them)."""
+
+    # -- the entries --------------------------------------------------------------
+    @property
+    def first(self) -> int:
+        """The offset of the oldest retained entry (== ``tail`` when empty)."""
+        return self._base + self._head
+
+    @property
+    def tail(self) -> int:
+        """The offset the next appended message will get."""
+        return self._base + len(self._ends)
+
+    def _cum(self, offset: int) -> int:
+        """Bytes appended before ``offset`` (which must not be compacted away)."""
+        i = offset - self._base
+        return self._ends[i - 1] if i > 0 else self._base_bytes
+
+    def _size(self, offset: int) -> int:
+        return self._cum(offset + 1) - self._cum(offset)
+
+    def _sizes_of(self, lo: int, hi: int) -> list[int]:
+        """The size of each entry from ``lo`` to ``hi`` (exclusive)."""
+        seg = self._ends[lo - self._base : hi - self._base]
+        return list(map(operator.sub, seg, [self._cum(lo), *seg[:-1]]))
+
+    def _entries(self, lo: int, hi: int) -> tuple[Sequence[Message], int, int]:
+        """``(messages, base, covered)`` as :meth:`_read` says, for any retained ``lo``."""
+        if lo >= self._recent_first:
+            return self._recent, self._recent_base, hi
+        return self._read(lo, min(hi, self._recent_first))
+
+    def _readable(self, lo: int, hi: int) -> int:
+        """The first hole from ``lo`` on, or ``hi`` if there is none below it."""
+        return min((h for h in self._holes if lo <= h < hi), default=hi)
+
+    @property
+    def retained_bytes(self) -> int:
+        return self._cum(self.tail) - self._cum(self.first)
+
+    @property
+    def full(self) -> bool:
+        """A publisher waits for room now, or nothing more fits without evicting."""
+        return self.blocked > 0 or self.retained_bytes >= self.retain_bytes
+
+    # -- publishing -----------------------------------------------------------------
+    def check(self, message: Message) -> str | None:
+        return refusal(self.name, message, self.retain_bytes, self.element_size)
+
+    @property
+    def info(self) -> DestinationInfo:
+        return self._info
+
+    async def put(self, message: Message, receipt: Receipt, index: int = 0) -> None:
+        await self.put_many((message,), receipt, index)
+
+    async def put_many(self, messages: Sequence[Message], receipt: Receipt, base: int = 0) -> None:
+        """Append ``messages`` in order, each leg settled as stored at its position.
+
+        As many as fit are appended at once; with ``overflow="block"`` the rest
+        wait for groups to commit. A refused message settles REJECTED and takes
+        no offset.
+        """
+        n = len(messages)
+        sizes = message_sizes(messages)
+        limit = self.retain_bytes
+        element = self.element_size
+        i = 0
+        while i < n:
+            if self._closed:
+                raise trio.ClosedResourceError(f"destination {self.name!r} is closed")
+            problem = self.check(messages[i])
+            if problem is not None:
+                receipt.add_legs()
+                receipt.settle(base + i, Outcome.REJECTED, problem)
+                i += 1
+                continue
+            room = self._room()
+            j, need = i, 0
+            while j < n:
+                size = sizes[j]
+                if need + size > room or size > limit:
+                    break
+                if element is not None and len(messages[j].body) != element:
+                    break
+                need += size
+                j += 1
+            if j == i:
+                # Only with overflow="block": wait until groups commit past old entries.
+                if not self._skip_unmatched():
+                    self.blocked += 1
+                    try:
+                        await self._space.park()
+                    finally:
+                        self.blocked -= 1
+                continue
+            self._make_room(need)
+            try:
+                self._append(messages[i:j], sizes[i:j], receipt, base + i)
+            except StorageFull as full:
+                # Nothing was kept: hold the publisher until the disk has room, then retry.
+                self.held_by_storage += 1
+                try:
+                    await full.room()
+                finally:
+                    self.held_by_storage -= 1
+                continue
+            i = j
+
+    def _room(self) -> int:
+        """Bytes that may be appended now (evicting only what may be evicted)."""
+        if self.overflow == "drop_oldest":
+            return self.retain_bytes
+        first = self.first
+        hold = min((g.committed for g in self._groups.values()), default=self.tail)
+        hold = max(hold, first)
+        return self.retain_bytes - self.retained_bytes + self._cum(hold) - self._cum(first)
+
+    def _skip_unmatched(self) -> bool:
+        """Move filtered groups past entries their filter does not match (as a reader
+        would), so those stop holding retention; True if a committed position moved."""
+        moved = False
+        tail = self.tail
+        for g in self._groups.values():
+            f = g.filter
+            if f is None:
+                continue
+            lo = hi = g.cursor
+            while hi < tail:
+                messages, base, covered = self._entries(hi, tail)
+                covered = self._readable(hi, covered) if self._holes else covered
+                start = hi
+                while hi < covered and not f.matches(messages[hi - base].headers):
+                    hi += 1
+                if hi == start or hi < covered:
+                    break
+            g.cursor = hi
+            moved |= g.settle_run(lo, hi)
+        if moved:
+            self._changed()
+        return moved
+
+    def _make_room(self, need: int) -> None:
+        """Evict the oldest entries until ``need`` more bytes fit."""
+        excess = self.retained_bytes + need - self.retain_bytes
+        if excess <= 0:
+            return
+        target = self._cum(self.first) + excess
+        index = bisect.bisect_left(self._ends, target, self._head)
+        self._evict(self._base + index + 1)
+
+    def _evict(self, new_first: int) -> None:
+        """Drop the entries below ``new_first``; groups that still needed them skip them."""
+        old_first = self.first
+        for g in self._groups.values():
+            if g.committed < new_first:
+                self._drop(g, old_first, new_first)
+        self._head += new_first - old_first
+        compacted = 0
+        if self._head * 2 > len(self._ends):
+            compacted = head = self._head
+            self._base_bytes = self._cum(self._base + head)
+            del self._ends[:head]
+            self._base += head
+            self._head = 0
+        self._release(new_first, compacted)
+        self._changed()
+
+    def _drop(self, g: _Group, lo: int, hi: int) -> None:
+        """Entries ``lo`` to ``hi`` go while ``g`` still needs some: count them as
+        dropped, and move the group's cursor and committed position past them.
+
+        A delivery of one that a member holds unacked stays with it (it has the
+        message) and may still be acked; given back, it counts as dropped.
+        """
+        heap = g.redeliver
+        dropped = 0
+        while heap and heap[0] < hi:
+            heapq.heappop(heap)
+            dropped += 1
+        start = max(g.cursor, lo)
+        if start < hi:
+            f = g.filter
+            if f is None:
+                dropped += hi - start
+            else:
+                holes = self._holes
+                while start < hi:
+                    messages, base, covered = self._entries(start, hi)
+                    if holes:
+                        dropped += sum(
+                            1
+                            for o in range(start, covered)
+                            if o in holes or f.matches(messages[o - base].headers)
+                        )
+                    else:
+                        run = messages[start - base : covered - base]
+                        dropped += sum(1 for m in run if f.matches(m.headers))
+                    start = covered
+            g.cursor = hi
+        g.dropped += dropped
+        g.skip_to(hi)
+
+    def _append(
+        self, messages: Sequence[Message], sizes: list[int], receipt: Receipt, index: int
+    ) -> None:
+        first = self.tail
+        ends = self._ends
+        last = ends[-1] if ends else self._base_bytes
+        ends.extend(itertools.islice(itertools.accumulate(sizes, initial=last), 1, None))
+        try:
+            self._store(messages, receipt, index, first)
+        except BaseException:
+            del ends[first - self._base :]
+            raise
+        for g in self._groups.values():
+            g.wake()
+
+    def _extend(self, sizes: Iterable[int]) -> None:
+        """Entries of ``sizes`` were stored at the tail by someone else: take them in."""
+        ends = self._ends
+        last = ends[-1] if ends else self._base_bytes
+        ends.extend(itertools.islice(itertools.accumulate(sizes, initial=last), 1, None))
+        for g in self._groups.values():
+            g.wake()
+
+    def _advanced(self, group: _Group | None = None) -> None:
+        """``group``'s committed position moved or it left (None: maybe several did):
+        publishers may find room."""
+        if self._space:
+            self._space.unpark_all()
+
+    def _requeue(self, g: _Group, offsets: Iterable[int]) -> None:
+        """Give unacked ``offsets`` back to ``g``; evicted ones count as dropped."""
+        first = self.first
+        for offset in offsets:
+            if offset < first:
+                g.dropped += 1
+            else:
+                heapq.heappush(g.redeliver, offset)
+        g.wake()
+
+    # -- subscribing ------------------------------------------------------------------
+    def _start_offset(self, start: StartAt | None) -> int:
+        if start is None or start == "latest":
+            return self.tail
+        if start == "earliest":
+            return self.first
+        offset = _offset_of(start, "start", self.partition)
+        if offset > self.tail:
+            raise ValueError(
+                f"start {offset} is past the tail of log {self.name!r} (next offset {self.tail})"
+            )
+        return max(offset, self.first)
+
+    def _end_offset(self, end: StopAt | None) -> int | None:
+        if end is None:
+            return None
+        if end == "latest":
+            return self.tail
+        offset = _offset_of(end, "end", self.partition)
+        if offset < 0:
+            raise ValueError(f"end must not be negative: {offset}")
+        return offset
+
+    def subscribe(
+        self,
+        group: str | None = None,
+        *,
+        credit: int | None = None,
+        max_unacked: int = 1024,
+        max_unacked_bytes: int | None = None,
+        start: StartAt | None = None,
+        end: StopAt | None = None,
+        filter: Filter | None = None,
+    ) -> LogSubscription:
+        """Join ``group`` (or a group of one); a new group starts at ``start``, an
+        existing named group resumes at its redeliveries and cursor."""
+        if self._closed:
+            raise trio.ClosedResourceError(f"destination {self.name!r} is closed")
+        if max_unacked < 1:
+            raise ValueError("max_unacked must be at least 1")
+        if max_unacked_bytes is not None and max_unacked_bytes < 1:
+            raise ValueError("max_unacked_bytes must be at least 1")
+        if credit is not None and credit < 0:
+            raise ValueError("credit must not be negative")
+        stop = self._end_offset(end)
+        if self.kind == "queue":
+            group = QUEUE_GROUP
+        g = self._groups.get(group) if group is not None else None
+        if g is not None:
+            if g.filter != filter:
+                raise ValueError(
+                    f"group {group!r} of {self.name!r} has filter {g.filter!r}, not {filter!r}"
+                )
+        else:
+            offset = self._start_offset(start)
+            name = anonymous_group() if group is None else group
+            g = self._groups[name] = _Group(name, group is None, filter, offset)
+            if group is not None:
+                self._changed()
+        sub = LogSubscription(self, g, credit, max_unacked, max_unacked_bytes, stop)
+        g.members.append(sub)
+        return sub
+
+    def declare_group(self, group: str) -> None:
+        """Create named ``group`` at the earliest retained entry, if it does not exist
+        (a queue's one group always exists)."""
+        if self.kind != "queue" and group not in self._groups:
+            self._groups[group] = _Group(group, False, None, self.first)
+            self._changed()
+
+    def _leave(self, sub: LogSubscription) -> None:
+        g = sub._group
+        if sub in g.members:
+            g.members.remove(sub)
+        if g.anonymous and not g.members and self._groups.get(g.name) is g:
+            # A group of one goes with its member, releasing what it held.
+            del self._groups[g.name]
+            self._advanced(g)
+        g.wake()
+
+    def close(self) -> None:
+        self._closed = True
+        self._space.unpark_all()
+        for g in self._groups.values():
+            for member in g.members:
+                member._closed = True
+            g.wake()
+
+    def stats(self) -> dict[str, object]:
+        groups = {
+            name: {
+                "committed": g.committed,
+                "next": g.cursor,
+                "unacked": sum(m.unacked for m in g.members),
+                "members": len(g.members),
+                "dropped": g.dropped,
+                "rejected": g.rejected,
+            }
+            for name, g in self._groups.items()
+        }
+        return {
+            "kind": "log",
+            "first": self.first,
+            "next": self.tail,
+            "bytes": self.retained_bytes,
+            "messages": self.tail - self.first,
+            "full": self.full,
+            "blocked": self.blocked,
+            "held_by_storage": self.held_by_storage,
+            "groups": groups,
+        }
+
+
+class LogSubscription(Subscription):
+    """A member of a log group: deliveries carry their :class:`Position`."""
+
+    def __init__(
+        self,
+        log: LogDestination,
+        group: _Group,
+        credit: int | None,
+        max_unacked: int,
+        max_unacked_bytes: int | None,
+        end: int | None,
+    ) -> None:
+        self._log = log
+        self._group = group
+        self.destination = log.name
+        self.group = None if group.anonymous else group.name
+        self.filter = group.filter
+        self._credit = credit
+        self._max_unacked = max_unacked
+        self._max_unacked_bytes = max_unacked_bytes
+        #: Exclusive end of a finite read, or None.
+        self._end = end
+        #: Unacked deliveries: tag → offset (and tag → bytes under a byte window).
+        self._tags: dict[int, int] = {}
+        self._tag_bytes: dict[int, int] | None = {} if max_unacked_bytes is not None else None
+        self._unacked_bytes = 0
+        self._next_tag = 1
+        self._closed = False
+        #: Set once ``receive`` raised EndOfStream: it raises it from then on.
+        self._ended = False
+        #: Lots this subscription wakes besides its own waiters (:meth:`watch`).
+        self._watching: list[trio.lowlevel.ParkingLot] = []
+
+    @property
+    def credit(self) -> int | None:
+        return self._credit
+
+    @property
+    def unacked(self) -> int:
+        return len(self._tags)
+
+    @property
+    def unacked_bytes(self) -> int:
+        """``Message.size`` of the deliveries not yet acked, counted only under a
+        ``max_unacked_bytes`` window (0 without one)."""
+        return self._unacked_bytes
+
+    @property
+    def committed(self) -> Position:
+        return Position(self._group.committed, self._log.partition)
+
+    def grant(self, n: int) -> None:
+        if n < 0:
+            raise ValueError("credit must not be negative")
+        if self._credit is not None:
+            self._credit += n
+            self._group.wake()
+
+    def _room(self) -> int:
+        n = self._max_unacked - len(self._tags)
+        if self._credit is not None:
+            n = min(n, self._credit)
+        return n
+
+    def _finished(self) -> bool:
+        """Nothing below ``end`` is left for this finite read."""
+        end = self._end
+        if end is None:
+            return False
+        g = self._group
+        return g.cursor >= end and not (g.redeliver and g.redeliver[0] < end)
+
+    async def receive(self, max_count: int | None = None) -> list[Delivery]:
+        waiters = self._group.waiters
+        while True:
+            out = self.take(max_count)
+            if out:
+                return out
+            await waiters.park()
+
+    def take(self, max_count: int | None = None, *, shared_bytes: int = 0) -> list[Delivery]:
+        """What :meth:`receive` would return now, without waiting: [] where it would wait.
+
+        For a subscription that merges several logs (one task takes from each, and
+        waits on all of them with :meth:`watch`). ``shared_bytes`` is what the
+        other subscriptions that share this one's ``max_unacked_bytes`` window
+        hold unacked: deliveries stop where the sum would pass the window, and
+        one alone may pass it only when neither holds anything. Raises
+        ``trio.ClosedResourceError`` once closed and :class:`EndOfStream` once a
+        finite read ended, as :meth:`receive` does.
+        """
+        if self._closed:
+            raise trio.ClosedResourceError("subscription closed")
+        if self._ended:
+            raise EndOfStream(f"read of {self.destination!r} ended at offset {self._end}")
+        n = self._room()
+        if max_count is not None:
+            n = min(n, max_count)
+        out = self._take(n, shared_bytes)
+        if not out and self._finished():
+            self._ended = True
+            raise EndOfStream(f"read of {self.destination!r} ended at offset {self._end}")
+        return out
+
+    def watch(self, lot: trio.lowlevel.ParkingLot) -> None:
+        """Unpark every task in ``lot`` whenever this subscription may have something
+        new to take (whenever a waiting :meth:`receive` would wake: an append, an ack
+        or nack of its group, credit, a departure, closing), until it closes. So one
+        task can wait on several subscriptions without a task per subscription;
+        a wake-up is a hint, to be checked with :meth:`take`."""
+        self._watching.append(lot)
+        self._group.watchers.append(lot)
+
+    def _take(self, n: int, shared: int = 0) -> list[Delivery]:
+        """Up to ``n`` deliveries (redeliveries first), within the byte window less
+        ``shared`` (see :meth:`take`); also moves the cursor past entries the filter
+        skips and holes."""
+        log = self._log
+        g = self._group
+        out: list[Delivery] = []
+        tags = self._tags
+        tag_bytes = self._tag_bytes
+        limit = self._max_unacked_bytes
+        if shared and limit is not None:
+            limit -= shared
+        held = self._unacked_bytes
+        partition = log.partition
+        end = self._end
+        full = False
+        moved = False
+        heap = g.redeliver
+        recent, recent_base, recent_first = log._recent, log._recent_base, log._recent_first
+        if heap and n > 0:
+            # Never below the first retained offset: eviction and _requeue see to it.
+            while heap and len(out) < n:
+                offset = heap[0]
+                if end is not None and offset >= end:
+                    break
+                if offset >= recent_first:
+                    message = recent[offset - recent_base]
+                else:
+                    messages, base, _ = log._read(offset, offset + 1)
+                    message = messages[offset - base]
+                    if offset in log._holes:
+                        heapq.heappop(heap)
+                        g.dropped += 1
+                        moved |= g.settle((offset,))
+                        continue
+                size = log._size(offset)
+                if limit is not None and (tags or shared) and held + size > limit:
+                    full = True
+                    break
+                heapq.heappop(heap)
+                tag = self._next_tag
+                self._next_tag = tag + 1
+                tags[tag] = offset
+                if tag_bytes is not None:
+                    tag_bytes[tag] = size
+                held += size
+                out.append(new_delivery((tag, message, True, Position(offset, partition), None)))
+        stop = log.tail if end is None else min(log.tail, end)
+        f = g.filter
+        while g.cursor < stop:
+            lo = g.cursor
+            if lo >= recent_first:
+                messages, base, covered = recent, recent_base, stop
+            else:
+                messages, base, covered = log._read(lo, min(stop, recent_first))
+                holes = log._holes
+                covered = log._readable(lo, covered)
+                if covered == lo:
+                    # Unreadable: never delivered; dropped for this group.
+                    hi = lo + 1
+                    while hi < stop and hi in holes:
+                        hi += 1
+                    g.dropped += hi - lo
+                    g.cursor = hi
+                    moved |= g.settle_run(lo, hi)
+                    continue
+            if f is not None:
+                hi = lo
+                while hi < covered and not f.matches(messages[hi - base].headers):
+                    hi += 1
+                if hi > lo:
+                    g.cursor = hi
+                    moved |= g.settle_run(lo, hi)
+                    continue
+            if full or len(out) >= n:
+                break
+            want = n - len(out)
+            if f is None:
+                hi = min(covered, lo + want)
+            else:
+                hi = lo + 1
+                while hi < covered and hi - lo < want and f.matches(messages[hi - base].headers):
+                    hi += 1
+            if limit is not None:
+                # The longest run that fits the byte window; one entry alone if none does.
+                budget = log._cum(lo) + limit - held
+                ebase = log._base
+                fit = bisect.bisect_right(log._ends, budget, lo - ebase, hi - ebase) + ebase
+                if fit == lo:
+                    if tags or shared:
+                        full = True
+                        continue
+                    fit = lo + 1
+                elif fit < hi:
+                    full = True
+                hi = fit
+            k = hi - lo
+            tag0 = self._next_tag
+            self._next_tag = tag0 + k
+            run_tags = range(tag0, tag0 + k)
+            tags.update(zip(run_tags, range(lo, hi), strict=True))
+            if tag_bytes is not None:
+                tag_bytes.update(zip(run_tags, log._sizes_of(lo, hi), strict=True))
+            held += log._cum(hi) - log._cum(lo)
+            out += map(
+                new_delivery,
+                zip(
+                    run_tags,
+                    messages[lo - base : hi - base],
+                    repeat(False),
+                    positions(lo, hi, partition),
+                    repeat(None),
+                ),
+            )
+            g.cursor = hi
+        self._unacked_bytes = held
+        if self._credit is not None:
+            self._credit -= len(out)
+        log.delivered += len(out)
+        if moved:
+            log._advanced(g)
+        return out
+
+    def _settled(self, offsets: list[int], nbytes: int) -> None:
+        self._unacked_bytes -= nbytes
+        g = self._group
+        if g.settle(offsets):
+            self._log._advanced(g)
+        g.wake()
+
+    def ack(self, tag: int) -> None:
+        self.ack_many((tag,))
+
+    def ack_many(self, tags: Iterable[int]) -> None:
+        """Settle ``tags`` in order; an unknown or settled tag raises KeyError after the
+        ones before it settled."""
+        unacked = self._tags
+        tag_bytes = self._tag_bytes
+        offsets: list[int] = []
+        nbytes = 0
+        try:
+            for tag in tags:
+                offset = unacked.pop(tag, None)
+                if offset is None:
+                    raise KeyError(f"unknown or already settled delivery tag {tag}")
+                offsets.append(offset)
+                if tag_bytes is not None:
+                    nbytes += tag_bytes.pop(tag)
+        finally:
+            if offsets:
+                self._log.acked += len(offsets)
+                self._settled(offsets, nbytes)
+
+    def nack(
+        self,
+        tag: int,
+        *,
+        requeue: bool = True,
+        outcome: Outcome = Outcome.FAILED,
+        reason: str = "",
+    ) -> None:
+        """Redeliver the message to the group, or (``requeue=False``) skip it there.
+
+        The publisher's receipt settled when the message was stored, so ``outcome``
+        and ``reason`` settle nothing; a skipped message counts as ``rejected``.
+        """
+        offset = self._tags.pop(tag, None)
+        if offset is None:
+            raise KeyError(f"unknown or already settled delivery tag {tag}")
+        if self._tag_bytes is not None:
+            self._unacked_bytes -= self._tag_bytes.pop(tag)
+        g = self._group
+        if requeue:
+            self._log._requeue(g, (offset,))
+        else:
+            g.rejected += 1
+            self._settled([offset], 0)
+
+    def close(self) -> None:
+        g = self._group
+        if self._closed and self not in g.members:
+            return
+        self._closed = True
+        if self._tags:
+            offsets = list(self._tags.values())
+            self._tags.clear()
+            if self._tag_bytes is not None:
+                self._tag_bytes.clear()
+            self._unacked_bytes = 0
+            self._log._requeue(g, offsets)
+        self._log._leave(self)
+        if self._watching:
+            for lot in self._watching:
+                g.watchers.remove(lot)
+            self._watching.clear()

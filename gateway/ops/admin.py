@@ -1,0 +1,192 @@
+"""The admin endpoint: health, readiness, status and the status page over HTTP/1.1.
+
+``[admin] bind`` serves, with the same h11 driver design as the metrics
+endpoint (keep-alive, an idle timeout per request, a connection cap answered
+``503``, accepting through :func:`~gateway.runtime.accept.accept_forever`):
+
+* ``GET /healthz``: ``200 ok`` while the process runs;
+* ``GET /readyz``: ``200`` when every listener is bound and every upstream is
+  connected (and the gateway is not draining), else ``503``; the body is JSON,
+  ``{"ready": …, "reasons": […]}``;
+* ``GET /api/status``: :func:`gateway.ops.status.snapshot` as JSON;
+* ``POST /api/reload``: re-read the config file and apply it
+  (:func:`gateway.ops.reload.reload_file`); the JSON answer says what changed or
+  why the running config stays;
+* ``GET /api/tap?dest=…&filter=…&format=json|pretty``: a passive
+  :class:`~gateway.ops.tap.Tap` on the matching destinations, streamed as one
+  line per message until the client leaves (``gateway tap``);
+* ``GET /``: the status page, and its files under ``/static/``.
+
+Any other path is 404 and any other method 405. The endpoint is plain HTTP
+without authentication and a tap shows message bodies: keep it on loopback or
+a private network.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import urllib.parse
+from importlib import resources
+from typing import TYPE_CHECKING, Literal
+
+import orjson
+import trio
+
+from gateway.ops.http_server import Response, Write, refusal, serve_http
+from gateway.ops.reload import ReloadRefused, reload_file
+from gateway.ops.status import StatusTracker, readiness, snapshot
+from gateway.ops.tap import stream as stream_tap
+from gateway.ops.tap import tap_filter
+
+if TYPE_CHECKING:
+    from gateway.runtime.gateway import Gateway
+
+__all__ = ["Response", "route", "serve_admin"]
+
+log = logging.getLogger("gateway.admin")
+
+#: Listener name in the metrics' ``listener`` label and in log lines.
+NAME = "admin"
+
+_REFUSAL_BODY = b"too many admin connections; try again later\n"
+_REFUSAL = refusal(_REFUSAL_BODY)
+
+_TEXT = "text/plain; charset=utf-8"
+_JSON = "application/json"
+_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+}
+#: Every response: no MIME sniffing, no framing, no referrer, scripts from here only.
+_SECURITY = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"content-security-policy", b"default-src 'self'; frame-ancestors 'none'"),
+]
+
+
+def _json(status: int, data: object) -> Response:
+    return Response(
+        status,
+        orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS) + b"\n",
+        _JSON,
+        [(b"cache-control", b"no-store")],
+    )
+
+
+@functools.cache
+def _static_files() -> dict[str, tuple[bytes, str]]:
+    """The status page's files by name, read once from the package."""
+    out: dict[str, tuple[bytes, str]] = {}
+    folder = resources.files("gateway.ops") / "static"
+    if not folder.is_dir():
+        return out
+    for entry in folder.iterdir():
+        suffix = "." + entry.name.rpartition(".")[2]
+        if entry.is_file() and suffix in _TYPES and not entry.name.startswith("."):
+            out[entry.name] = (entry.read_bytes(), _TYPES[suffix])
+    return out
+
+
+def _static(name: str) -> Response:
+    found = _static_files().get(name)
+    if found is None:
+        return Response(404, b"not found\n")
+    body, content_type = found
+    return Response(200, body, content_type, [(b"cache-control", b"no-cache")])
+
+
+def route(gateway: Gateway, tracker: StatusTracker | None, method: str, target: str) -> Response:
+    """The response to ``method target`` (GET or HEAD; POST /api/reload), without any I/O."""
+    path, _, query = target.partition("?")
+    if path == "/api/reload":
+        if method != "POST":
+            return Response(405, b"POST to reload\n", headers=[(b"allow", b"POST")])
+        return _reload(gateway)
+    if method not in ("GET", "HEAD"):
+        return Response(405, b"method not allowed\n", headers=[(b"allow", b"GET, HEAD")])
+    if path == "/healthz":
+        return Response(200, b"ok\n", headers=[(b"cache-control", b"no-store")])
+    if path == "/readyz":
+        reasons = readiness(gateway)
+        return _json(503 if reasons else 200, {"ready": not reasons, "reasons": reasons})
+    if path == "/api/status":
+        return _json(200, snapshot(gateway, tracker))
+    if path == "/api/tap":
+        return _tap(gateway, urllib.parse.parse_qs(query))
+    if path in ("/", "/index.html"):
+        return _static("status.html")
+    if path.startswith("/static/"):
+        return _static(path[len("/static/") :])
+    return Response(404, b"not found: try /, /api/status, /healthz or /readyz\n")
+
+
+def _reload(gateway: Gateway) -> Response:
+    """Re-read the config file and apply it; the body says what changed or why not."""
+
+    async def run(write: Write) -> None:
+        try:
+            summary = await reload_file(gateway)
+        except ReloadRefused as e:
+            await write(orjson.dumps({"reloaded": False, "error": str(e)}) + b"\n")
+        else:
+            await write(orjson.dumps({"reloaded": True, "changes": summary}) + b"\n")
+
+    return Response(200, content_type=_JSON, stream=run)
+
+
+def _tap(gateway: Gateway, query: dict[str, list[str]]) -> Response:
+    pattern = query.get("dest", [""])[0]
+    fmt = query.get("format", ["json"])[0]
+    if not pattern:
+        return Response(400, b"dest= is required: a destination name or glob\n")
+    if fmt not in ("json", "pretty"):
+        return Response(400, b"format= is json or pretty\n")
+    try:
+        filter = tap_filter(query.get("filter", [""])[0])
+    except ValueError as e:
+        return Response(400, f"filter: {e}\n".encode())
+    kind: Literal["json", "pretty"] = "json" if fmt == "json" else "pretty"
+
+    async def run(write: Write) -> None:
+        tap = gateway.hub.tap(pattern, filter)
+        try:
+            await stream_tap(tap, write, kind)
+        finally:
+            gateway.hub.untap(tap)
+
+    content_type = "application/x-ndjson" if kind == "json" else _TEXT
+    return Response(200, content_type=content_type, stream=run)
+
+
+async def serve_admin(
+    gateway: Gateway,
+    listeners: list[trio.SocketListener],
+    *,
+    max_connections: int = 16,
+    idle_timeout: float = 10.0,
+    tracker: StatusTracker | None = None,
+) -> None:
+    """Answer admin requests on ``listeners`` until cancelled.
+
+    At most ``max_connections`` connections are served at once (a tap holds
+    one for as long as it runs); each must send every request within
+    ``idle_timeout`` seconds of the previous response (of connecting).
+    """
+    tracker = tracker or StatusTracker(gateway)
+    tracker.sample()  # a baseline: the first snapshot has rates since the start
+    await serve_http(
+        listeners,
+        functools.partial(route, gateway, tracker),
+        name=NAME,
+        metrics=gateway.metrics,
+        log=log,
+        refused_with=_REFUSAL,
+        max_connections=max_connections,
+        idle_timeout=idle_timeout,
+        headers=_SECURITY,
+    )

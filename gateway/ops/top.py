@@ -1,0 +1,217 @@
+"""``gateway top``: a live terminal view of a running gateway's status.
+
+It polls the admin API's ``GET /api/status`` (see :mod:`gateway.ops.status`)
+every second and renders it with rich: rates per listener, upstream states
+and errors, destination backlogs with their groups, the memory budget and
+the hints that say why a sender may not be acked. ``--once`` prints one
+frame and exits, for scripts and tests. Ctrl-C exits cleanly.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import sys
+import threading
+import urllib.parse
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+__all__ = ["fetch", "main", "render"]
+
+#: Seconds to wait for the admin API.
+TIMEOUT = 5.0
+
+
+class Unreachable(Exception):
+    """The admin API did not answer with a status."""
+
+
+def fetch(url: str, timeout: float = TIMEOUT) -> dict[str, Any]:
+    """``GET {url}/api/status``, decoded; :exc:`Unreachable` says why not."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise Unreachable(f"the admin URL must be http://HOST:PORT, not {url!r}")
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    try:
+        conn.request("GET", parts.path.rstrip("/") + "/api/status")
+        response = conn.getresponse()
+        body = response.read()
+    except OSError as e:
+        raise Unreachable(f"cannot reach the admin API at {url}: {e}") from None
+    finally:
+        conn.close()
+    if response.status != 200:
+        raise Unreachable(f"{url}/api/status answered {response.status} {response.reason}")
+    try:
+        status: dict[str, Any] = json.loads(body)
+    except ValueError as e:
+        raise Unreachable(f"{url}/api/status is not JSON: {e}") from None
+    return status
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def _bytes(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def render(status: dict[str, Any]) -> RenderableType:
+    """One frame: a header, the hints, and a table per section."""
+    rates = status.get("rates", {})
+    memory = status["memory"]
+    ready = (
+        Text("draining", style="bold yellow")
+        if status["draining"]
+        else Text("ready", style="bold green")
+        if status["ready"]
+        else Text("not ready", style="bold red")
+    )
+    header = Text.assemble(
+        ("Interchange ", "bold"),
+        status["version"],
+        f"  up {_ago(status['uptime_s'])}  ",
+        ready,
+        f"  unsettled publishes {status['inflight']}",
+        f"  memory {_bytes(memory['used'])} / {_bytes(memory['limit'])}",
+        (" EXHAUSTED", "bold red") if memory["exhausted"] else "",
+    )
+
+    listeners = Table(title="listeners", title_justify="left", expand=True)
+    for column in ("name", "protocol", "addresses"):
+        listeners.add_column(column)
+    for column in ("conns", "msg/s in", "msg/s out", "in/s", "out/s"):
+        listeners.add_column(column, justify="right")
+    for ls in status["listeners"]:
+        r = rates.get("listeners", {}).get(ls["name"], {})
+        listeners.add_row(
+            ls["name"],
+            ls["protocol"],
+            " ".join(ls["addresses"]) or Text("not bound", style="red"),
+            f"{ls['connections']}/{ls['max_connections']}",
+            _rate(r.get("messages_in")),
+            _rate(r.get("messages_out")),
+            _bytes(r.get("bytes_in")),
+            _bytes(r.get("bytes_out")),
+        )
+
+    upstreams = Table(title="upstreams", title_justify="left", expand=True)
+    for column in ("name", "protocol", "state"):
+        upstreams.add_column(column)
+    upstreams.add_column("msg/s out", justify="right")
+    upstreams.add_column("since / last error", ratio=1)
+    for up in status["upstreams"]:
+        r = rates.get("upstreams", {}).get(up["name"], {})
+        connected = up["state"] == "connected"
+        upstreams.add_row(
+            up["name"],
+            up["protocol"],
+            Text(up["state"], style="green" if connected else "red"),
+            _rate(r.get("messages_out")),
+            f"for {_ago(up['connected_for_s'])}" if connected else (up["last_error"] or ""),
+        )
+
+    destinations = Table(title="destinations", title_justify="left", expand=True)
+    destinations.add_column("name / group")
+    destinations.add_column("kind")
+    for column in ("in/s", "out/s", "backlog", "bytes", "Δ/s", "subs", "queued", "unacked"):
+        destinations.add_column(column, justify="right")
+    for d in status["destinations"]:
+        r = rates.get("destinations", {}).get(d["name"], {})
+        destinations.add_row(
+            Text(d["name"], style="bold"),
+            d["kind"],
+            _rate(r.get("messages_in")),
+            _rate(r.get("messages_out")),
+            str(d["backlog"]["messages"]),
+            _bytes(d["backlog"]["bytes"]),
+            _rate(r.get("backlog")),
+            str(sum(g["members"] for g in d["groups"])),
+            "",
+            "",
+        )
+        for g in d["groups"]:
+            destinations.add_row(
+                "  " + ("(anonymous)" if g.get("anonymous") else g["name"]),
+                Text("full", style="red") if g.get("full") else "",
+                "",
+                "",
+                str(g.get("held", g.get("behind", ""))),
+                _bytes(g.get("held_bytes")),
+                "",
+                Text(str(g["members"]), style="" if g["members"] else "yellow"),
+                str(g["queued"]),
+                str(g["unacked"]),
+            )
+
+    parts: list[RenderableType] = [header]
+    hints = status.get("hints", [])
+    if hints:
+        lines = Text()
+        for i, h in enumerate(hints):
+            style = "red" if h["level"] == "warning" else "yellow"
+            lines.append(("\n" if i else "") + f"{h['subject']}: ", style=f"bold {style}")
+            lines.append(h["text"])
+        parts.append(Panel(lines, title="why is my sender not acked?", title_align="left"))
+    parts.extend([listeners, upstreams, destinations])
+    return Group(*parts)
+
+
+def _error(message: str) -> RenderableType:
+    return Panel(Text(message, style="red"), title="gateway top", title_align="left")
+
+
+def main(
+    url: str, *, once: bool = False, interval: float = 1.0, console: Console | None = None
+) -> int:
+    """Show the status at ``url`` until Ctrl-C (or one frame with ``once``); exit status."""
+    if console is None:
+        # Not a terminal (a pipe, a test): wide enough that tables keep their names.
+        console = Console() if sys.stdout.isatty() else Console(width=160)
+    if once:
+        try:
+            console.print(render(fetch(url)))
+        except Unreachable as e:
+            print(f"top: {e}", file=sys.stderr)
+            return 1
+        return 0
+    # Ctrl-C sets a flag that the loop checks between frames, instead of raising
+    # KeyboardInterrupt wherever the main thread happens to be: raised inside a lock
+    # rich's refresh thread shares, it could leave the lock held and the exit hanging.
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: stop.set())
+    try:
+        with Live(console=console, refresh_per_second=4, screen=False) as live:
+            while not stop.is_set():
+                try:
+                    live.update(render(fetch(url)))
+                except Unreachable as e:
+                    live.update(_error(f"{e}; retrying"))
+                stop.wait(interval)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return 0

@@ -1,0 +1,1 @@
+"""The running gateway: listeners, connections, upstreams, plugins, drain."""

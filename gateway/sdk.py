@@ -1,0 +1,210 @@
+"""The one import surface for protocol plugins.
+
+A protocol (the built-in ones in ``protocols/``, the bundled ``plugins/``, a
+third party's package) imports from here and nowhere else in ``gateway``: the
+modules behind these names are the gateway's own business and may move.
+
+Every name is loaded on first use (PEP 562), so importing this module imports
+neither trio nor a socket: a sans-IO codec imports its vocabulary (``NEED_DATA``,
+``ConnectionClosed``, ``ReceiveBuffer``, the protocol errors) from here and
+stays free of I/O, while its driver imports ``Session`` from the same place.
+
+The names, by what they are for:
+
+* the model: ``Message``, ``Source``, ``PeerIdentity``, ``Outcome``,
+  ``Position``, ``Reply``, ``Receipt``;
+* the hub as a protocol sees it: ``HubFacade``, ``Subscription``,
+  ``Delivery``, ``StartAt``, ``StopAt``, ``EndOfStream``, ``Filter``,
+  ``FilterError``;
+* a codec's vocabulary: ``NEED_DATA``, ``NeedData``, ``ConnectionClosed``,
+  ``ReceiveBuffer``, ``ProtocolError``, ``RemoteProtocolError``,
+  ``LocalProtocolError``, ``StorageFull``, ``first_leaf``;
+* a driver's toolkit: ``Session``, ``NotKept``;
+* the plugin interface: ``ProtocolPlugin``, ``PluginEnv``, ``PluginError``,
+  ``ServerConnection``, ``ConnectionInfo``, ``ListenerSettings``,
+  ``Upstream``, ``UpstreamContext``, ``Backoff``, ``Option``, ``REQUIRED``,
+  ``describe_error``, ``Metrics``, ``Count``, ``Observe``, ``NOTHING``;
+* transports a client dials with: ``TcpTransport``, ``tcp_transport``,
+  ``UnixTransport``, ``unix_transport``, ``peer_credentials``,
+  ``address_host``, ``identity_from_der``;
+* the storage engine, for a protocol that speaks it natively (segment
+  append): ``Store``, ``Segment``, ``SegmentTruncated``, ``SegmentDamaged``,
+  and ``envelope``, how the hub's messages are stored.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.core.destination import Delivery, EndOfStream, StartAt, StopAt, Subscription
+    from gateway.core.errors import (
+        LocalProtocolError,
+        ProtocolError,
+        RemoteProtocolError,
+        StorageFull,
+        first_leaf,
+    )
+    from gateway.core.facade import HubFacade
+    from gateway.core.filters import Filter, FilterError
+    from gateway.core.model import Message, Outcome, PeerIdentity, Position, Reply, Source
+    from gateway.core.receipts import Receipt
+    from gateway.durable import envelope
+    from gateway.ops.metrics import Metrics
+    from gateway.protocol.buffer import ReceiveBuffer
+    from gateway.protocol.counts import NOTHING, Count, Observe
+    from gateway.protocol.events import NEED_DATA, ConnectionClosed, NeedData
+    from gateway.protocol.options import REQUIRED, Option
+    from gateway.protocol.plugin import (
+        Backoff,
+        ConnectionInfo,
+        ListenerSettings,
+        PluginEnv,
+        PluginError,
+        ProtocolPlugin,
+        ServerConnection,
+        Upstream,
+        UpstreamContext,
+        describe_error,
+    )
+    from gateway.protocol.session import NotKept, Session
+    from gateway.store import Segment, SegmentTruncated, Store
+    from gateway.store.segment import SegmentDamaged
+    from gateway.transports.base import address_host
+    from gateway.transports.tcp import TcpTransport
+    from gateway.transports.tcp import transport as tcp_transport
+    from gateway.transports.tls import identity_from_der
+    from gateway.transports.unix import UnixTransport, peer_credentials
+    from gateway.transports.unix import transport as unix_transport
+
+#: Each public name: the module it comes from, and its name there.
+_WHERE: dict[str, tuple[str, str]] = {
+    **{
+        n: ("gateway.core.destination", n)
+        for n in ("Delivery", "EndOfStream", "StartAt", "StopAt", "Subscription")
+    },
+    **{
+        n: ("gateway.core.errors", n)
+        for n in (
+            "LocalProtocolError",
+            "ProtocolError",
+            "RemoteProtocolError",
+            "StorageFull",
+            "first_leaf",
+        )
+    },
+    "HubFacade": ("gateway.core.facade", "HubFacade"),
+    "Filter": ("gateway.core.filters", "Filter"),
+    "FilterError": ("gateway.core.filters", "FilterError"),
+    **{
+        n: ("gateway.core.model", n)
+        for n in ("Message", "Outcome", "PeerIdentity", "Position", "Reply", "Source")
+    },
+    "Receipt": ("gateway.core.receipts", "Receipt"),
+    "envelope": ("gateway.durable.envelope", ""),
+    "Metrics": ("gateway.ops.metrics", "Metrics"),
+    "ReceiveBuffer": ("gateway.protocol.buffer", "ReceiveBuffer"),
+    **{n: ("gateway.protocol.counts", n) for n in ("NOTHING", "Count", "Observe")},
+    **{n: ("gateway.protocol.events", n) for n in ("NEED_DATA", "ConnectionClosed", "NeedData")},
+    "REQUIRED": ("gateway.protocol.options", "REQUIRED"),
+    "Option": ("gateway.protocol.options", "Option"),
+    **{
+        n: ("gateway.protocol.plugin", n)
+        for n in (
+            "Backoff",
+            "ConnectionInfo",
+            "ListenerSettings",
+            "PluginEnv",
+            "PluginError",
+            "ProtocolPlugin",
+            "ServerConnection",
+            "Upstream",
+            "UpstreamContext",
+            "describe_error",
+        )
+    },
+    "NotKept": ("gateway.protocol.session", "NotKept"),
+    "Session": ("gateway.protocol.session", "Session"),
+    **{n: ("gateway.store", n) for n in ("Segment", "SegmentTruncated", "Store")},
+    "SegmentDamaged": ("gateway.store.segment", "SegmentDamaged"),
+    "address_host": ("gateway.transports.base", "address_host"),
+    "TcpTransport": ("gateway.transports.tcp", "TcpTransport"),
+    "tcp_transport": ("gateway.transports.tcp", "transport"),
+    "identity_from_der": ("gateway.transports.tls", "identity_from_der"),
+    "UnixTransport": ("gateway.transports.unix", "UnixTransport"),
+    "peer_credentials": ("gateway.transports.unix", "peer_credentials"),
+    "unix_transport": ("gateway.transports.unix", "transport"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = _WHERE[name]
+    found = importlib.import_module(module)
+    value = getattr(found, attribute) if attribute else found
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(_WHERE)
+
+
+__all__ = [
+    "NEED_DATA",
+    "NOTHING",
+    "REQUIRED",
+    "Backoff",
+    "ConnectionClosed",
+    "ConnectionInfo",
+    "Count",
+    "Delivery",
+    "EndOfStream",
+    "Filter",
+    "FilterError",
+    "HubFacade",
+    "ListenerSettings",
+    "LocalProtocolError",
+    "Message",
+    "Metrics",
+    "NeedData",
+    "NotKept",
+    "Observe",
+    "Option",
+    "Outcome",
+    "PeerIdentity",
+    "PluginEnv",
+    "PluginError",
+    "Position",
+    "ProtocolError",
+    "ProtocolPlugin",
+    "Receipt",
+    "ReceiveBuffer",
+    "RemoteProtocolError",
+    "Reply",
+    "Segment",
+    "SegmentDamaged",
+    "SegmentTruncated",
+    "ServerConnection",
+    "Session",
+    "Source",
+    "StartAt",
+    "StopAt",
+    "StorageFull",
+    "Store",
+    "Subscription",
+    "TcpTransport",
+    "UnixTransport",
+    "Upstream",
+    "UpstreamContext",
+    "address_host",
+    "describe_error",
+    "envelope",
+    "first_leaf",
+    "identity_from_der",
+    "peer_credentials",
+    "tcp_transport",
+    "unix_transport",
+]
