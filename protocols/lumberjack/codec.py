@@ -10,9 +10,10 @@ the windows it sent and turns each ``A`` frame into a
 :class:`~protocols.lumberjack.events.Progress` saying what it acks. Both
 speak the toolkit's vocabulary (:data:`~gateway.protocol.NEED_DATA`,
 :class:`~gateway.protocol.ConnectionClosed`) and keep their bytes in its
-:class:`~gateway.protocol.ReceiveBuffer`. The window rules are those of
-DECISIONS.md §1: the ack carries the highest sequence number seen, ``W 0``
-is a window of its own, a new ``W`` flushes a partial window, and data
+:class:`~gateway.protocol.ReceiveBuffer`. The window rules, where the
+specification is silent: the ack carries the highest sequence number seen
+(sequences need not start at 1 nor be contiguous), ``W 0`` is a window of
+its own answered with ``A 0``, a new ``W`` flushes a partial window, and data
 frames after a full window start a window of the same ("sticky") size, as
 v1 streaming writers send ``W`` once.
 

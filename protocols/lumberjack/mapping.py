@@ -1,4 +1,4 @@
-"""Lumberjack events ⇄ gateway messages (DECISIONS §1, "Mapping").
+"""Lumberjack events ⇄ gateway messages.
 
 Inbound, a ``J`` event is a message whose body is the JSON bytes, unchanged,
 with content type ``application/json``; a ``D`` event becomes headers with an

@@ -2,7 +2,8 @@
 
 Listener: a Beats-compatible server. Each window becomes one hub publish; its
 ack (the window's highest sequence) goes out only when the receipt settled as
-delivered (DECISIONS §1). Upstream: a Logstash-compatible client sending what
+delivered or durably stored; a window that cannot be handed off is never
+acked, the connection is closed instead. Upstream: a Logstash-compatible client sending what
 is routed to ``upstream:NAME`` as windows, acking the hub per covered event.
 """
 

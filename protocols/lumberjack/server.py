@@ -49,7 +49,8 @@ WINDOW_MEMORY_FLOOR = 1024 * 1024
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
     limits: Limits = field(default_factory=Limits)
-    #: Seconds between keepalive acks while the oldest window waits (DECISIONS §1: 5 s).
+    #: Seconds between keepalive acks while the oldest window waits: 5 s keeps
+    #: Beats' 30 s read timeout from firing while the hub applies backpressure.
     keepalive: float = 5.0
     #: Windows read and not yet acked before reading pauses.
     max_pending_windows: int = 4

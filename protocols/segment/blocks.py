@@ -17,8 +17,8 @@ it on the wire, and an ``AppendBlockEnd`` closes it:
 
 :class:`BlockWriter` does that, byte for byte as Pravega's client
 ``CommandEncoder``. On the server, :func:`read_block_end` and
-:func:`assemble` check a received block and its end (the rules of research
-§A.2 "Server-side checks") and rebuild the events' bytes
+:func:`assemble` check a received block and its end (the checks Pravega's
+segment store makes on a block) and rebuild the events' bytes
 ``block[:sizeOfWholeEvents] ‖ partial ‖ end.data``, which must be exactly
 ``numEvents`` event frames; the server connection returns them as one
 :class:`Append`.

@@ -1,7 +1,8 @@
 """The segment-append wire commands, one frozen dataclass each, with their type codes.
 
 The layout is Pravega's segment-store wire protocol (``WireCommands.java``,
-wire version 17, oldest compatible 5; DECISIONS.md §3). Each dataclass lists
+wire version 17, oldest compatible 5: the specification's draft became
+this protocol, which keeps every concept of the draft). Each dataclass lists
 its fields **in wire order**, so ``DataAppended`` starts with the writer id,
 not the request id. Trailing fields that newer Pravega versions added
 default to what an older peer's shorter command decodes to: ``-1`` for

@@ -2,7 +2,7 @@
 
 Listener: a segment store over the gateway's embedded store. Appends are
 acked with ``DataAppended`` only once durable under ``[store] fsync``
-(DECISIONS §3); segments named ``<destination>/<partition>`` are the durable
+(an ack always means "durably stored"); segments named ``<destination>/<partition>`` are the durable
 destinations' own, so their subscribers see the events as messages. Upstream:
 a writer appending what is routed to ``upstream:NAME`` to a remote segment,
 exactly once while the gateway runs.

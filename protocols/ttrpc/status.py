@@ -108,7 +108,7 @@ def status_of(response: ttrpc_pb2.Response) -> Status:
     return Status.from_pb(response.status)
 
 
-# -- the Go server's replies to bad input (containerd/ttrpc 1.2, research ttrpc.md §3) --
+# -- the Go server's replies to bad input (containerd/ttrpc 1.2) --
 
 
 def oversize(length: int) -> Status:

@@ -1,7 +1,7 @@
 """Lumberjack bridged to other protocols and to itself, over real sockets.
 
 Each test runs one or two in-process gateways on loopback and checks the end-
-to-end promise of DECISIONS §6: a sender is acked only once every target
+to-end promise of every protocol ack: a sender is acked only once every target
 acked (an ndjson subscriber, a Lumberjack server behind an upstream, the
 consumer of a second gateway). Senders are the library ``LumberjackClient``
 and the third-party ``pylogbeat``; receivers are ``NdjsonClient``, the library
