@@ -30,7 +30,13 @@ __all__ = ["Count", "HubFacade"]
 
 
 class Count(Protocol):
-    """Where a facade counts messages: a ``prometheus_client`` counter child fits."""
+    """Something to count into: a ``prometheus_client`` counter child fits.
+
+    The one definition: the facade counts messages into it, and protocol
+    drivers their own work (they reach it as ``gateway.sdk.Count``, through
+    :mod:`gateway.protocol.counts`). It lives in the core, which imports
+    nothing from the protocol toolkit above it.
+    """
 
     def inc(self, amount: float = 1) -> None: ...
 

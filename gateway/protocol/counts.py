@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from gateway.core.facade import Count
+
 __all__ = ["NOTHING", "Count", "Observe"]
-
-
-class Count(Protocol):
-    def inc(self, amount: float = 1) -> None: ...
 
 
 class Observe(Protocol):
