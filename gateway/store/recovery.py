@@ -362,9 +362,21 @@ def _second_pass(
     report: RecoveryReport,
     repair: bool,
 ) -> tuple[list[RecoveredChunk], dict[uuid.UUID, int]]:
-    # The last good record: everything after it is the torn tail.
-    last = max((i for i, s in enumerate(scans) if s.last_good >= 0), default=-1)
-    keep = max(last, 0)
+    """Write what the first pass found: chunks past the last good record are dropped,
+    the others keep their entries up to it, with the gaps between them filled."""
+    work = _SecondPass(directory, name, scans, meta, report, repair)
+    for i, scan in enumerate(scans):
+        if i > work.keep:
+            work.drop(scan)
+        else:
+            work.chunks.append(work.recover(i, scan))
+    if not work.chunks:
+        raise AssertionError("recovery keeps at least one chunk")
+    return work.chunks, work.ledger
+
+
+def _ledger(meta: dict[str, object]) -> dict[uuid.UUID, int]:
+    """Each writer's last event number as the segment's metadata remembers it."""
     ledger: dict[uuid.UUID, int] = {}
     writers = meta.get("writers")
     if isinstance(writers, dict):
@@ -373,164 +385,232 @@ def _second_pass(
                 ledger[uuid.UUID(hex=str(key))] = int(number)
             except (ValueError, TypeError):
                 continue
-    sequence = _Sequence()
-    chunks: list[RecoveredChunk] = []
-    expected_offset = scans[0].start
-    expected_event = -1
-    newest = 0
-    for i, scan in enumerate(scans):
-        data_path, index_path = chunk_paths(directory, scan.start)
-        limit = scans[i + 1].start if i + 1 < len(scans) else None
-        if i > keep:
-            removed = max(scan.data_size, 0)
-            report.truncated_bytes += removed
-            report.problems.append(
-                f"torn tail: chunk at byte {scan.start} dropped ({removed} bytes of data)"
-            )
-            if repair:
-                for path in (data_path, index_path):
-                    path.unlink(missing_ok=True)
-            continue
-        cut = scan.last_good if i == last else (scan.kept - 1 if i < last else -1)
-        if expected_event < 0:
-            expected_event = _chunk_first_event(scan)
-        first_event = expected_event
-        entries: list[IndexEntry] = []
-        changed = scan.header is None or scan.dropped_slots > 0 or bool(scan.repaired)
+    return ledger
+
+
+@dataclass(slots=True)
+class _ChunkWork:
+    """The second pass's state while it goes through one chunk's index."""
+
+    scan: _Scan
+    #: Where the next chunk starts (None: this is the last chunk).
+    limit: int | None
+    #: Position (among the valid entries) of the last one kept; later ones are torn tail.
+    cut: int
+    first_event: int
+    data: _DataFile
+    entries: list[IndexEntry] = field(default_factory=list)
+    #: The index must be rewritten.
+    changed: bool = False
+    position: int = -1
+    #: Damaged slots since the last entry kept: what a stretch may be rebuilt from.
+    candidates: list[bytes] = field(default_factory=list)
+
+
+class _SecondPass:
+    """The second pass over a segment's chunks, oldest first: where the bytes and events
+    of the chunks kept so far end, and what it found and rebuilt on the way."""
+
+    def __init__(
+        self,
+        directory: Path,
+        name: str,
+        scans: list[_Scan],
+        meta: dict[str, object],
+        report: RecoveryReport,
+        repair: bool,
+    ) -> None:
+        self.directory, self.name, self.scans, self.meta = directory, name, scans, meta
+        self.report, self.repair = report, repair
+        # The last good record: everything after it is the torn tail.
+        self.last = max((i for i, s in enumerate(scans) if s.last_good >= 0), default=-1)
+        self.keep = max(self.last, 0)
+        self.ledger = _ledger(meta)
+        self.sequence = _Sequence()
+        self.chunks: list[RecoveredChunk] = []
+        self.expected_offset = scans[0].start
+        self.expected_event = -1
+        #: The newest timestamp of the chunks kept so far (for a gap at a chunk's end).
+        self.newest = 0
+
+    def drop(self, scan: _Scan) -> None:
+        """A chunk wholly after the last good record: the torn tail."""
+        removed = max(scan.data_size, 0)
+        self.report.truncated_bytes += removed
+        self.report.problems.append(
+            f"torn tail: chunk at byte {scan.start} dropped ({removed} bytes of data)"
+        )
+        if self.repair:
+            for path in chunk_paths(self.directory, scan.start):
+                path.unlink(missing_ok=True)
+
+    def recover(self, i: int, scan: _Scan) -> RecoveredChunk:
+        """Keep the chunk's entries up to the last good record, fill what none describes,
+        and bring its files in line with them."""
+        data_path, index_path = chunk_paths(self.directory, scan.start)
+        limit = self.scans[i + 1].start if i + 1 < len(self.scans) else None
+        cut = scan.last_good if i == self.last else (scan.kept - 1 if i < self.last else -1)
+        if self.expected_event < 0:
+            self.expected_event = _chunk_first_event(scan)
+        data = _DataFile(data_path, scan.data_size)
+        chunk = _ChunkWork(scan, limit, cut, self.expected_event, data)
+        chunk.changed = scan.header is None or scan.dropped_slots > 0 or bool(scan.repaired)
         if scan.header_damaged:
             _note_repair(
-                report,
-                name,
-                repair,
+                self.report,
+                self.name,
+                self.repair,
                 f"index header of the chunk at byte {scan.start} damaged",
                 "rebuilt from the file name and the entries",
             )
-        position = -1
-        #: Damaged slots since the last entry kept: what a stretch may be rebuilt from.
-        candidates: list[bytes] = []
-        data = _DataFile(data_path, scan.data_size)
         try:
             for slot, raw, entry in _slots(index_path):
-                if entry is None:
-                    entry = scan.repaired.get(slot)
-                if entry is None:
-                    if len(candidates) < _MAX_CANDIDATES and len(raw) == INDEX_ENTRY.size:
-                        candidates.append(raw)
-                    continue
-                if not sequence.accepts(entry, scan.start, limit):
-                    continue
-                position += 1
-                if position > cut:
-                    changed = True
-                    report.problems.append(
-                        f"torn tail: record at byte {entry.offset} (events {entry.first_event}.."
-                        f"{entry.next_event - 1}) dropped"
-                    )
-                    continue
-                if slot in scan.repaired:
-                    _note_repair(
-                        report,
-                        name,
-                        repair,
-                        f"index entry of the record at byte {entry.offset} (events "
-                        f"{entry.first_event}..{entry.next_event - 1}) damaged in one byte",
-                        "repaired from its checksum",
-                    )
-                if expected_event < 0:
-                    expected_event = first_event = entry.first_event
-                if entry.offset > expected_offset or entry.first_event > expected_event:
-                    _fill(
-                        entries,
-                        data,
-                        scan.start,
-                        (expected_offset, entry.offset),
-                        (expected_event, entry.first_event),
-                        candidates,
-                        entry.timestamp_us,
-                        report,
-                        name,
-                        repair,
-                    )
-                    changed = True
-                candidates = []
-                if position in scan.bad:
-                    entry = replace(entry, flags=entry.flags | FLAG_CORRUPT)
-                    changed = True
-                    report.problems.append(
-                        f"corrupt record at byte {entry.offset} (events {entry.first_event}.."
-                        f"{entry.next_event - 1}): data checksum fails; kept in place"
-                    )
-                    if repair:
-                        log.error(
-                            "segment %r: the record at byte %d (events %d..%d) failed its "
-                            "checksum; kept in place, its events read as corrupt",
-                            name,
-                            entry.offset,
-                            entry.first_event,
-                            entry.next_event - 1,
-                        )
-                elif entry.corrupt:
-                    report.problems.append(
-                        f"corrupt record at byte {entry.offset} (events {entry.first_event}.."
-                        f"{entry.next_event - 1}): flagged damaged before; kept in place, "
-                        "never delivered"
-                    )
-                entries.append(entry)
-                expected_offset, expected_event = entry.end, entry.next_event
-            if expected_event < 0:
-                expected_event = first_event = _meta_first_event(meta)
-            if i < last and limit is not None:
-                # Bytes (and events) up to the next chunk that no entry describes.
-                next_first = max(_chunk_first_event(scans[i + 1]), expected_event)
-                if expected_offset < limit or next_first > expected_event:
-                    _fill(
-                        entries,
-                        data,
-                        scan.start,
-                        (expected_offset, limit),
-                        (expected_event, next_first),
-                        candidates,
-                        newest,
-                        report,
-                        name,
-                        repair,
-                    )
-                    changed = True
-                expected_offset, expected_event = limit, next_first
+                self._slot(chunk, slot, raw, entry)
+            if self.expected_event < 0:
+                self.expected_event = chunk.first_event = _meta_first_event(self.meta)
+            if i < self.last and limit is not None:
+                self._fill_to_next_chunk(chunk, limit, self.scans[i + 1])
         finally:
             data.close()
+        return self._finish(i, chunk, data_path, index_path)
+
+    def _slot(self, chunk: _ChunkWork, slot: int, raw: bytes, entry: IndexEntry | None) -> None:
+        """One slot of the chunk's index: a candidate for rebuilding if damaged, dropped
+        if out of sequence or in the torn tail, else kept."""
+        scan = chunk.scan
+        if entry is None:
+            entry = scan.repaired.get(slot)
+        if entry is None:
+            if len(chunk.candidates) < _MAX_CANDIDATES and len(raw) == INDEX_ENTRY.size:
+                chunk.candidates.append(raw)
+            return
+        if not self.sequence.accepts(entry, scan.start, chunk.limit):
+            return
+        chunk.position += 1
+        if chunk.position > chunk.cut:
+            chunk.changed = True
+            self.report.problems.append(
+                f"torn tail: record at byte {entry.offset} (events {entry.first_event}.."
+                f"{entry.next_event - 1}) dropped"
+            )
+            return
+        if slot in scan.repaired:
+            _note_repair(
+                self.report,
+                self.name,
+                self.repair,
+                f"index entry of the record at byte {entry.offset} (events "
+                f"{entry.first_event}..{entry.next_event - 1}) damaged in one byte",
+                "repaired from its checksum",
+            )
+        self._keep(chunk, entry)
+
+    def _keep(self, chunk: _ChunkWork, entry: IndexEntry) -> None:
+        """Keep a valid entry: fill the gap before it, flag it if its data is bad."""
+        if self.expected_event < 0:
+            self.expected_event = chunk.first_event = entry.first_event
+        if entry.offset > self.expected_offset or entry.first_event > self.expected_event:
+            self._fill(
+                chunk,
+                (self.expected_offset, entry.offset),
+                (self.expected_event, entry.first_event),
+                entry.timestamp_us,
+            )
+        chunk.candidates = []
+        if chunk.position in chunk.scan.bad:
+            entry = self._flag_corrupt(entry)
+            chunk.changed = True
+        elif entry.corrupt:
+            self.report.problems.append(
+                f"corrupt record at byte {entry.offset} (events {entry.first_event}.."
+                f"{entry.next_event - 1}): flagged damaged before; kept in place, "
+                "never delivered"
+            )
+        chunk.entries.append(entry)
+        self.expected_offset, self.expected_event = entry.end, entry.next_event
+
+    def _flag_corrupt(self, entry: IndexEntry) -> IndexEntry:
+        """The entry of a record whose data is missing or fails its checksum, flagged."""
+        self.report.problems.append(
+            f"corrupt record at byte {entry.offset} (events {entry.first_event}.."
+            f"{entry.next_event - 1}): data checksum fails; kept in place"
+        )
+        if self.repair:
+            log.error(
+                "segment %r: the record at byte %d (events %d..%d) failed its "
+                "checksum; kept in place, its events read as corrupt",
+                self.name,
+                entry.offset,
+                entry.first_event,
+                entry.next_event - 1,
+            )
+        return replace(entry, flags=entry.flags | FLAG_CORRUPT)
+
+    def _fill_to_next_chunk(self, chunk: _ChunkWork, limit: int, following: _Scan) -> None:
+        """Bytes (and events) up to the next chunk that no entry describes."""
+        next_first = max(_chunk_first_event(following), self.expected_event)
+        if self.expected_offset < limit or next_first > self.expected_event:
+            self._fill(
+                chunk,
+                (self.expected_offset, limit),
+                (self.expected_event, next_first),
+                self.newest,
+            )
+        self.expected_offset, self.expected_event = limit, next_first
+
+    def _fill(
+        self,
+        chunk: _ChunkWork,
+        span: tuple[int, int],
+        events: tuple[int, int],
+        timestamp_us: int,
+    ) -> None:
+        _fill(
+            chunk.entries,
+            chunk.data,
+            chunk.scan.start,
+            span,
+            events,
+            chunk.candidates,
+            timestamp_us,
+            self.report,
+            self.name,
+            self.repair,
+        )
+        chunk.changed = True
+
+    def _finish(
+        self, i: int, chunk: _ChunkWork, data_path: Path, index_path: Path
+    ) -> RecoveredChunk:
+        """Cut or extend the data file, count the entries, rewrite the index if needed."""
+        scan, entries = chunk.scan, chunk.entries
         size = (entries[-1].end if entries else scan.start) - scan.start
-        if i < last and limit is not None:
-            size = limit - scan.start
-        _fix_data(data_path, scan, size, report, repair, tail=i == keep)
+        if i < self.last and chunk.limit is not None:
+            size = chunk.limit - scan.start
+        _fix_data(data_path, scan, size, self.report, self.repair, tail=i == self.keep)
         if entries:
-            newest = max(newest, max(e.timestamp_us for e in entries))
-        corrupt = sum(1 for e in entries if e.corrupt)
-        report.corrupt_records += corrupt
-        report.records += len(entries)
+            self.newest = max(self.newest, max(e.timestamp_us for e in entries))
+        self.report.corrupt_records += sum(1 for e in entries if e.corrupt)
+        self.report.records += len(entries)
         for entry in entries:
             if entry.writer != ZERO_WRITER:
-                ledger[uuid.UUID(bytes=entry.writer)] = entry.last_event_number
-        if repair and (changed or scan.index_size != _index_size(len(entries))):
-            _rewrite_index(index_path, IndexHeader(scan.start, first_event), entries)
-        if repair and scan.verified:
+                self.ledger[uuid.UUID(bytes=entry.writer)] = entry.last_event_number
+        if self.repair and (chunk.changed or scan.index_size != _index_size(len(entries))):
+            _rewrite_index(index_path, IndexHeader(scan.start, chunk.first_event), entries)
+        if self.repair and scan.verified:
             # What a crashed process wrote may still be only in the page cache: it is
             # durable before recovery reports it (writers are told their numbers).
             for path in (data_path, index_path):
                 _fdatasync(path)
-        chunk = RecoveredChunk(
+        return RecoveredChunk(
             scan.start,
-            first_event,
-            entries[-1].next_event if entries else first_event,
+            chunk.first_event,
+            entries[-1].next_event if entries else chunk.first_event,
             size,
             len(entries),
             max((e.timestamp_us for e in entries), default=0),
-            entries if i == keep else None,
+            entries if i == self.keep else None,
         )
-        chunks.append(chunk)
-    if not chunks:
-        raise AssertionError("recovery keeps at least one chunk")
-    return chunks, ledger
 
 
 def _fill(
