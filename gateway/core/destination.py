@@ -34,10 +34,13 @@ __all__ = [
     "QUEUE_GROUP",
     "Delivery",
     "Destination",
+    "DestinationFigures",
     "DestinationInfo",
     "DestinationProvider",
     "EndOfStream",
+    "GroupFigures",
     "Kind",
+    "LogFigures",
     "StartAt",
     "StopAt",
     "Subscription",
@@ -84,6 +87,119 @@ class DestinationInfo:
     positions: bool = False
     #: The name of the one group every subscriber of a queue joins.
     queue_group: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupFigures:
+    """One group of a destination, as operators see it (status, metrics).
+
+    A partitioned log's group is summed over its partitions (``members``: the
+    most of any partition).
+    """
+
+    name: str
+    #: Subscribers in the group now.
+    members: int
+    #: Messages waiting to be handed out: a topic's queued copies; a log's
+    #: offsets from the group's cursor to the tail.
+    queued: int
+    #: Deliveries the group's subscribers hold, not yet acked or nacked.
+    unacked: int
+    #: Messages the group has not settled yet: a topic's queued plus unacked
+    #: copies; a log's, from the group's committed position to the tail.
+    backlog: int
+    #: Bytes of ``backlog`` as charged to the group's buffer; None where groups
+    #: share one store and have no buffer of their own (logs).
+    backlog_bytes: int | None = None
+    #: How full the group's buffer is, the larger of its bytes and messages
+    #: over their bounds (at 1 publishers wait); None for logs.
+    fill: float | None = None
+    #: The first offset the group has not settled (logs; summed over
+    #: partitions), else None.
+    committed: int | None = None
+    #: Messages retention dropped before the group settled them (logs).
+    dropped: int = 0
+    #: Messages the group's subscribers rejected with a nack without requeue (logs).
+    rejected: int = 0
+    #: The group's filter as text, or None.
+    filter: str | None = None
+
+    @property
+    def anonymous(self) -> bool:
+        """A group of one, made by a subscriber that named no group."""
+        return self.name.startswith("~")
+
+    @property
+    def full(self) -> bool:
+        """Its buffer is full: publishers to the destination wait for it."""
+        return self.fill is not None and self.fill >= 1
+
+
+@dataclass(frozen=True, slots=True)
+class LogFigures:
+    """What a destination that keeps a log retains (summed over its partitions)."""
+
+    #: The offset of the oldest retained message (summed over partitions).
+    first: int
+    #: The offset the next message gets, the tail (summed over partitions).
+    next: int
+    #: Bytes retained now.
+    retained_bytes: int
+    #: The bound of retention (``retain``), of each partition.
+    retain_bytes: int
+    #: ``"block"`` (publishers wait for groups to commit) or ``"drop_oldest"``.
+    overflow: str
+    #: Publishes waiting now for room in the log.
+    blocked: int = 0
+    #: Publishes waiting now for the disk under the log to have room.
+    held_by_storage: int = 0
+    #: Partitions the destination has.
+    partitions: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationFigures:
+    """A destination's figures, read through :meth:`Destination.figures` so that
+    status pages and metrics need not know which class keeps the messages.
+
+    "Kept" is the destination's own store beside its groups: a topic's copies
+    that departed anonymous groups left behind (the next group adopts them), a
+    log's retention.
+    """
+
+    #: ``"topic"``, ``"queue"`` or ``"log"``, as :attr:`DestinationInfo.kind`.
+    kind: Kind
+    #: Messages it took (stored, or discarded by a topic without groups).
+    received: int
+    #: Deliveries it handed to subscribers (redeliveries included).
+    delivered: int
+    #: Deliveries subscribers acked (or answered).
+    acked: int
+    #: Messages not settled yet: a topic's copies held by every group plus the
+    #: kept ones; a log's, what the group furthest behind has not committed.
+    backlog: int
+    #: Bytes of ``backlog``, or None when not known (a log with groups).
+    backlog_bytes: int | None
+    #: Messages and bytes of the destination's own store, and how full it is
+    #: (0 to 1; a partitioned log: its fullest partition).
+    kept: int
+    kept_bytes: int
+    kept_fill: float
+    #: A publisher waits for room now (a topic: some group's buffer is full).
+    full: bool
+    #: Every group, in the order they came.
+    groups: tuple[GroupFigures, ...] = ()
+    #: The bound in bytes: a topic's per group (``buffer_bytes``), a log's
+    #: retention (per partition).
+    limit_bytes: int = 0
+    #: A topic's bound in messages per group (``buffer_messages``); None for logs.
+    limit_messages: int | None = None
+    #: Messages a topic took while no group subscribed (None: not a topic).
+    discarded: int | None = None
+    #: Messages a topic stored for no group, since no group's filter matched.
+    filtered: int = 0
+    #: What a log retains (None: it keeps no log).
+    log: LogFigures | None = None
 
 
 class Subscription(ABC):
@@ -221,6 +337,10 @@ class Destination(ABC):
     @abstractmethod
     def close(self) -> None:
         """Wake every waiter with ``trio.ClosedResourceError``; called at shutdown."""
+
+    @abstractmethod
+    def figures(self) -> DestinationFigures:
+        """Its figures now (backlog, groups, fill, counts) for status and metrics."""
 
     def stats(self) -> dict[str, object]:
         """Counters for operators (queue depth, bytes); empty by default."""

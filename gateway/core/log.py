@@ -63,8 +63,11 @@ from gateway.core.destination import (
     QUEUE_GROUP,
     Delivery,
     Destination,
+    DestinationFigures,
     DestinationInfo,
     EndOfStream,
+    GroupFigures,
+    LogFigures,
     StartAt,
     StopAt,
     Subscription,
@@ -641,6 +644,48 @@ class LogDestination(Destination):
             "held_by_storage": self.held_by_storage,
             "groups": groups,
         }
+
+    def figures(self) -> DestinationFigures:
+        """Its figures; a group's backlog runs from its committed position to the tail."""
+        tail = self.tail
+        groups = tuple(
+            GroupFigures(
+                name,
+                members=len(g.members),
+                queued=max(0, tail - g.cursor),
+                unacked=sum(m.unacked for m in g.members),
+                backlog=max(0, tail - g.committed),
+                committed=g.committed,
+                dropped=g.dropped,
+                rejected=g.rejected,
+                filter=str(g.filter) if g.filter is not None else None,
+            )
+            for name, g in self._groups.items()
+        )
+        retained = self.retained_bytes
+        return DestinationFigures(
+            "log",
+            received=tail,
+            delivered=self.delivered,
+            acked=self.acked,
+            backlog=max((g.backlog for g in groups), default=0),
+            backlog_bytes=None if groups else 0,
+            kept=tail - self.first,
+            kept_bytes=retained,
+            kept_fill=retained / self.retain_bytes,
+            full=self.full,
+            groups=groups,
+            limit_bytes=self.retain_bytes,
+            log=LogFigures(
+                self.first,
+                tail,
+                retained,
+                self.retain_bytes,
+                self.overflow,
+                blocked=self.blocked,
+                held_by_storage=self.held_by_storage,
+            ),
+        )
 
 
 class LogSubscription(Subscription):

@@ -49,7 +49,9 @@ from gateway.core.destination import (
     QUEUE_GROUP,
     Delivery,
     Destination,
+    DestinationFigures,
     DestinationInfo,
+    GroupFigures,
     StartAt,
     StopAt,
     Subscription,
@@ -624,6 +626,45 @@ class Topic(Destination):
     def backlog_bytes(self) -> int:
         """Bytes of the copies left behind by departed groups (``stats()["backlog"]``)."""
         return self._backlog.used_bytes
+
+    def figures(self) -> DestinationFigures:
+        limits = self.limits
+        max_bytes, max_messages = limits.max_bytes, limits.max_messages
+
+        def fill(held: int, nbytes: int) -> float:
+            return max(nbytes / max_bytes, held / max_messages)
+
+        groups = tuple(
+            GroupFigures(
+                name,
+                members=len(g.members),
+                queued=(queued := g.queued()),
+                unacked=g.used_count - queued,
+                backlog=g.used_count,
+                backlog_bytes=g.used_bytes,
+                fill=fill(g.used_count, g.used_bytes),
+                filter=str(g.filter) if g.filter is not None else None,
+            )
+            for name, g in self._groups.items()
+        )
+        kept, kept_bytes = self._backlog.queued(), self._backlog.used_bytes
+        return DestinationFigures(
+            self.kind,
+            received=self.received,
+            delivered=self.delivered,
+            acked=self.acked,
+            backlog=sum(g.backlog for g in groups) + kept,
+            backlog_bytes=sum(g.backlog_bytes or 0 for g in groups) + kept_bytes,
+            kept=kept,
+            kept_bytes=kept_bytes,
+            kept_fill=fill(kept, kept_bytes),
+            full=any(g.full for g in groups),
+            groups=groups,
+            limit_bytes=max_bytes,
+            limit_messages=max_messages,
+            discarded=self.discarded,
+            filtered=self.filtered,
+        )
 
 
 def _show(f: Filter | None) -> str:

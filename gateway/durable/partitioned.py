@@ -57,8 +57,11 @@ import trio
 from gateway.core.destination import (
     Delivery,
     Destination,
+    DestinationFigures,
     DestinationInfo,
     EndOfStream,
+    GroupFigures,
+    LogFigures,
     StartAt,
     StopAt,
     Subscription,
@@ -244,6 +247,59 @@ class PartitionedLog(Destination):
             "groups": groups,
             "partitions": parts,
         }
+
+    def figures(self) -> DestinationFigures:
+        """The partitions' figures summed (offsets count messages over all of them); a
+        group is summed over the partitions it is in, and the fill is the fullest
+        partition's (each is bounded by its own ``retain``)."""
+        parts = [part.figures() for part in self.parts]
+        logs = [f.log for f in parts if f.log is not None]
+        states: dict[str, list[GroupFigures]] = {}
+        for f in parts:
+            for g in f.groups:
+                states.setdefault(g.name, []).append(g)
+        groups = tuple(_merged(name, same) for name, same in states.items())
+        first = self.parts[0]
+        return DestinationFigures(
+            "log",
+            received=sum(f.received for f in parts),
+            delivered=sum(f.delivered for f in parts),
+            acked=sum(f.acked for f in parts),
+            backlog=max((g.backlog for g in groups), default=0),
+            backlog_bytes=None if groups else 0,
+            kept=sum(f.kept for f in parts),
+            kept_bytes=sum(f.kept_bytes for f in parts),
+            kept_fill=max(f.kept_fill for f in parts),
+            full=any(f.full for f in parts),
+            groups=groups,
+            limit_bytes=first.retain_bytes,
+            log=LogFigures(
+                sum(log.first for log in logs),
+                sum(log.next for log in logs),
+                sum(log.retained_bytes for log in logs),
+                first.retain_bytes,
+                first.overflow,
+                blocked=sum(log.blocked for log in logs),
+                held_by_storage=sum(log.held_by_storage for log in logs),
+                partitions=len(self.parts),
+            ),
+        )
+
+
+def _merged(name: str, states: Sequence[GroupFigures]) -> GroupFigures:
+    """Group ``name`` summed over its ``states`` in the partitions that have it
+    (members: the most of any)."""
+    return GroupFigures(
+        name,
+        members=max(g.members for g in states),
+        queued=sum(g.queued for g in states),
+        unacked=sum(g.unacked for g in states),
+        backlog=sum(g.backlog for g in states),
+        committed=sum(g.committed or 0 for g in states),
+        dropped=sum(g.dropped for g in states),
+        rejected=sum(g.rejected for g in states),
+        filter=states[0].filter,
+    )
 
 
 class PartitionedSubscription(Subscription):
