@@ -21,6 +21,7 @@ import trio
 from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
 from interchange_ndjson.events import Deliver, End, Publish, Published, Replied
+from waits import subscribed, until
 
 from gateway.core.errors import LocalProtocolError
 from gateway.core.filters import Filter
@@ -53,6 +54,12 @@ async def deliveries(c: NdjsonClient, n: int) -> list[Deliver]:
             assert isinstance(event, Deliver), event
             out.append(event)
     return out
+
+
+def committed(gateway: Gateway, destination: str, group: str) -> int | None:
+    """The first offset ``group`` of the log ``destination`` has not settled."""
+    figures = gateway.hub.destination(destination).figures()
+    return next((g.committed for g in figures.groups if g.name == group), None)
 
 
 # -- per-message results -------------------------------------------------------------
@@ -156,6 +163,7 @@ async def test_calls_are_load_balanced_across_a_group() -> None:
             served: Counter[str] = Counter()
             for svc in (a, b):
                 await svc.subscribe("svc", "pool", window=1)
+            await subscribed(gw, "svc", 2)
             async with trio.open_nursery() as nursery:
                 for name, svc in (("a", a), ("b", b)):
 
@@ -163,7 +171,6 @@ async def test_calls_are_load_balanced_across_a_group() -> None:
                         while True:
                             (d,) = await deliveries(svc, 1)
                             served[name] += 1
-                            await trio.sleep(0.01)
                             await svc.reply(d.tag, name.encode())
 
                     nursery.start_soon(serve)
@@ -184,7 +191,7 @@ async def test_calls_are_load_balanced_across_a_group() -> None:
 async def test_a_filtered_subscriber_gets_only_matching_messages_and_holds_nobody() -> None:
     async with running_gateway(config()) as gw, client(gw) as sub, client(gw) as pub:
         await sub.subscribe("events", filter=Filter.from_json({"level": "error"}))
-        await trio.sleep(0.05)
+        await subscribed(gw, "events")
         (first,) = await pub.publish_nowait([b"1"], "events", headers={"level": "error"})
         with trio.fail_after(5):
             others = [
@@ -203,7 +210,7 @@ async def test_a_filtered_subscriber_gets_only_matching_messages_and_holds_nobod
 async def test_a_filter_with_numbers_over_the_wire() -> None:
     async with running_gateway(config()) as gw, client(gw) as sub, client(gw) as pub:
         await sub.subscribe("m", "big", filter=Filter.from_json([["size", ">", 100]]))
-        await trio.sleep(0.05)
+        await subscribed(gw, "m")
         for size in (5, 500, 50, 101):
             await pub.publish_nowait([str(size).encode()], "m", headers={"size": str(size)})
         got = await deliveries(sub, 2)
@@ -231,7 +238,7 @@ async def test_a_group_that_reconnects_resumes_at_its_committed_position() -> No
             got = await deliveries(first, 6)
             assert [d.position for d in got] == [0, 1, 2, 3, 4, 5]
             await first.ack(*[d.tag for d in got[:3]])  # acks 0..2; 3..5 stay unacked
-            await trio.sleep(0.05)
+            await until(lambda: committed(gw, "orders", "billing") == 3)
         # The first member is gone; a new one resumes at offset 3 (redelivered).
         async with client(gw) as second:
             await second.subscribe("orders", "billing", start="earliest", window=10)
@@ -297,7 +304,6 @@ async def test_a_queue_gives_each_message_to_exactly_one_of_three_consumers() ->
                             (d,) = await deliveries(consumer, 1)
                             seen.append(d.body)
                             per_consumer[i] += 1
-                            await trio.sleep(0.005)
                             await consumer.ack(d.tag)
 
                     nursery.start_soon(consume)
@@ -352,11 +358,11 @@ async def raw(gateway: Gateway) -> trio.abc.Stream:
 async def test_while_draining_acks_are_read_and_new_work_is_refused() -> None:
     async with running_gateway(config()) as gw, client(gw) as sub, client(gw) as pub:
         await sub.subscribe("logs", window=10)
-        await trio.sleep(0.05)
+        await subscribed(gw, "logs")
         [first] = await pub.publish_nowait([b"before"])
         (d,) = await deliveries(sub, 1)
         gw.shutdown()
-        await trio.sleep(0.05)
+        await gw.draining.wait()
         # A new publish is answered at once, and not published.
         late = await pub.publish(b"after")
         assert (late.status, late.reason) == ("failed", "the gateway is shutting down")
@@ -382,7 +388,7 @@ async def test_a_subscribe_while_draining_is_refused_with_an_error_line() -> Non
         with trio.fail_after(5):
             assert (await stream.receive_some()).startswith(b'{"op":"msg","tag":1,')
         gw.shutdown()
-        await trio.sleep(0.05)
+        await gw.draining.wait()
         await stream.send_all(b'{"op":"sub","dest":"more"}\n')
         assert await read_to_close(stream) == [
             b'{"op":"error","error":"the gateway is shutting down"}'
@@ -421,7 +427,7 @@ async def test_unsubscribing_while_deliveries_flow_leaves_the_connection_usable(
         ids = []
         for _ in range(3):  # 900 messages: the topic holds at most 1000 for the next one
             await sub.subscribe("logs", window=1000)
-            await trio.sleep(0.05)
+            await subscribed(gw, "logs")
             ids += await pub.publish_nowait([body] * 300)
             (first,) = await deliveries(sub, 1)
             await sub.unsubscribe("logs")
@@ -532,7 +538,9 @@ async def test_the_upstream_reconnects_and_resends_when_acks_stop() -> None:
         assert [o["body"] for o in second] == ["once more"]
 
 
-async def test_the_upstream_ack_clock_runs_only_while_a_publish_waits() -> None:
+async def test_the_upstream_ack_clock_runs_only_while_a_publish_waits(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     server = FakeServer(lambda number, obj: ack(obj))
     async with relay_to(server, "100ms") as gw, client(gw) as pub:
         await server.until(lambda: server.open == 1)
