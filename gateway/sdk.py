@@ -19,6 +19,9 @@ The names, by what they are for:
 * a codec's vocabulary: ``NEED_DATA``, ``NeedData``, ``ConnectionClosed``,
   ``ReceiveBuffer``, ``ProtocolError``, ``RemoteProtocolError``,
   ``LocalProtocolError``, ``StorageFull``, ``first_leaf``;
+* a codec's lifecycle and its conformance suite (see ``docs/codecs.md``):
+  ``Lifecycle``, ``CodecState``, ``WrongState``; ``CodecCase``, ``Golden``,
+  ``conformance`` (the checks), ``splits``;
 * a driver's toolkit: ``Session``, ``NotKept``;
 * the plugin interface: ``ProtocolPlugin``, ``PluginEnv``, ``PluginError``,
   ``ServerConnection``, ``ConnectionInfo``, ``ListenerSettings``,
@@ -52,9 +55,12 @@ if TYPE_CHECKING:
     from gateway.core.receipts import Receipt
     from gateway.durable import envelope
     from gateway.ops.metrics import Metrics
+    from gateway.protocol import conformance
     from gateway.protocol.buffer import ReceiveBuffer
+    from gateway.protocol.conformance import CodecCase, Golden, splits
     from gateway.protocol.counts import NOTHING, Count, Observe
     from gateway.protocol.events import NEED_DATA, ConnectionClosed, NeedData
+    from gateway.protocol.lifecycle import CodecState, Lifecycle, WrongState
     from gateway.protocol.options import REQUIRED, Option
     from gateway.protocol.plugin import (
         Backoff,
@@ -106,7 +112,10 @@ _WHERE: dict[str, tuple[str, str]] = {
     "Metrics": ("gateway.ops.metrics", "Metrics"),
     "ReceiveBuffer": ("gateway.protocol.buffer", "ReceiveBuffer"),
     **{n: ("gateway.protocol.counts", n) for n in ("NOTHING", "Count", "Observe")},
+    "conformance": ("gateway.protocol.conformance", ""),
+    **{n: ("gateway.protocol.conformance", n) for n in ("CodecCase", "Golden", "splits")},
     **{n: ("gateway.protocol.events", n) for n in ("NEED_DATA", "ConnectionClosed", "NeedData")},
+    **{n: ("gateway.protocol.lifecycle", n) for n in ("CodecState", "Lifecycle", "WrongState")},
     "REQUIRED": ("gateway.protocol.options", "REQUIRED"),
     "Option": ("gateway.protocol.options", "Option"),
     **{
@@ -157,6 +166,8 @@ __all__ = [
     "NOTHING",
     "REQUIRED",
     "Backoff",
+    "CodecCase",
+    "CodecState",
     "ConnectionClosed",
     "ConnectionInfo",
     "Count",
@@ -164,7 +175,9 @@ __all__ = [
     "EndOfStream",
     "Filter",
     "FilterError",
+    "Golden",
     "HubFacade",
+    "Lifecycle",
     "ListenerSettings",
     "LocalProtocolError",
     "Message",
@@ -199,12 +212,15 @@ __all__ = [
     "UnixTransport",
     "Upstream",
     "UpstreamContext",
+    "WrongState",
     "address_host",
+    "conformance",
     "describe_error",
     "envelope",
     "first_leaf",
     "identity_from_der",
     "peer_credentials",
+    "splits",
     "tcp_transport",
     "unix_transport",
 ]

@@ -10,7 +10,7 @@ a stream live beside it.
 
 from gateway.sdk import NEED_DATA, ConnectionClosed
 
-from .codec import ClientCodec, Limits, ServerCodec, State
+from .codec import ClientCodec, CodecState, Limits, ServerCodec
 from .events import Ack, Event, Progress, Window
 from .frames import encode_ack, encode_window
 
@@ -18,12 +18,12 @@ __all__ = [
     "NEED_DATA",
     "Ack",
     "ClientCodec",
+    "CodecState",
     "ConnectionClosed",
     "Event",
     "Limits",
     "Progress",
     "ServerCodec",
-    "State",
     "Window",
     "encode_ack",
     "encode_window",

@@ -8,9 +8,9 @@ its events are safe; like h11, ``send`` refuses an ack that no returned
 window awaits. :class:`ClientCodec` is the writer (Beats) side: it remembers
 the windows it sent and turns each ``A`` frame into a
 :class:`~protocols.lumberjack.events.Progress` saying what it acks. Both
-speak the toolkit's vocabulary (:data:`~gateway.protocol.NEED_DATA`,
-:class:`~gateway.protocol.ConnectionClosed`) and keep their bytes in its
-:class:`~gateway.protocol.ReceiveBuffer`. The window rules, where the
+stand on the toolkit's :class:`~gateway.protocol.lifecycle.Lifecycle` (its
+states, its receive buffer, the same answers after close and after an
+error; see ``docs/codecs.md``). The window rules, where the
 specification is silent: the ack carries the highest sequence number seen
 (sequences need not start at 1 nor be contiguous), ``W 0`` is a window of
 its own answered with ``A 0``, a new ``W`` flushes a partial window, and data
@@ -47,13 +47,12 @@ and while it says 0 or less keeps its input as it is (compressed) and returns
 ``NEED_DATA``; asked again once there is room, it goes on with no new input.
 
 A peer breaking the protocol raises :class:`~gateway.core.errors.RemoteProtocolError`
-and puts the codec in :attr:`State.ERROR`; the driver closes the connection
-(Lumberjack has no error frame).
+and puts the codec in :attr:`~gateway.protocol.lifecycle.CodecState.ERROR`; the
+driver closes the connection (Lumberjack has no error frame).
 """
 
 from __future__ import annotations
 
-import enum
 import operator
 import types
 import zlib
@@ -64,10 +63,11 @@ from typing import Any, Final, NoReturn
 
 from gateway.sdk import (
     NEED_DATA,
+    CodecState,
     ConnectionClosed,
+    Lifecycle,
     LocalProtocolError,
     NeedData,
-    ReceiveBuffer,
     RemoteProtocolError,
 )
 
@@ -98,13 +98,15 @@ __all__ = [
     "INFLATER_STATE",
     "NEED_DATA",
     "ClientCodec",
+    "CodecState",
     "Limits",
     "ServerCodec",
-    "State",
 ]
 
 
 _SEQ: Final = operator.itemgetter(0)
+_OPEN: Final = CodecState.OPEN
+_CLOSED: Final = CodecState.CLOSED
 
 #: Largest piece inflated per ``decompress`` call: the bounds, and the driver's
 #: room (:attr:`ServerCodec.room`), are checked before each piece.
@@ -124,19 +126,6 @@ PAIR_OVERHEAD: Final = 120
 #: What a decompressor holds while a ``C`` frame is inflated piece by piece:
 #: zlib's state and 32 KiB window come to about 41 KiB, ISA-L's to about 56.
 INFLATER_STATE: Final = 64 * 1024
-
-
-class State(enum.Enum):
-    """Where a codec stands; both codecs use it (a client is never in ``WINDOW``)."""
-
-    #: Open; for a server, no window is partly received.
-    OPEN = "open"
-    #: Server only: a window (or a frame) is partly received.
-    WINDOW = "window"
-    #: The peer closed its side and every event was returned.
-    CLOSED = "closed"
-    #: The peer broke the protocol; the connection must be closed.
-    ERROR = "error"
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +230,7 @@ def _decode_data_frame(data: bytes | bytearray, q: int, pairs: int) -> dict[str,
     return fields
 
 
-class ServerCodec:
+class ServerCodec(Lifecycle):
     """The reader side of one Lumberjack connection (v1 and v2 alike).
 
     ::
@@ -258,14 +247,13 @@ class ServerCodec:
     """
 
     def __init__(self, limits: Limits | None = None) -> None:
+        super().__init__()
         self.limits = Limits() if limits is None else limits
         #: How many more bytes the codec may hold (see :attr:`held_bytes`) before it
         #: must wait; asked before each large step. None: no limit. While it says 0
         #: or less, :meth:`next_event` returns NEED_DATA with the input kept; call it
         #: again once there is room (no new data is needed).
         self.room: Callable[[], int] | None = None
-        self._state = State.OPEN
-        self._buffer = ReceiveBuffer()
         #: Bytes needed from the buffer's ``pos`` before parsing can make progress
         #: (0: parse at the next call whatever arrived, to resume after a wait for room).
         self._need = 1
@@ -313,15 +301,9 @@ class ServerCodec:
         self.inflated_bytes = 0
 
     @property
-    def state(self) -> State:
-        if self._state is State.OPEN and self.in_window:
-            return State.WINDOW
-        return self._state
-
-    @property
     def in_window(self) -> bool:
         """True while a window or a frame is partly received (time it out)."""
-        return self._state is State.OPEN and (
+        return self._state is _OPEN and (
             self._remaining > 0 or len(self._buffer) > 0 or self._inflater is not None
         )
 
@@ -338,36 +320,27 @@ class ServerCodec:
         return held
 
     # -- input ----------------------------------------------------------------
-    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
-        """Add received bytes; ``b""`` means the peer closed its sending side."""
-        self._buffer.feed(data)
-
     def next_event(self) -> Window | ConnectionClosed | NeedData:
         """The next whole window, :class:`ConnectionClosed`, or :data:`NEED_DATA`.
 
         After the end of input, a partly received window is dropped (it must
         not be acked) and :class:`ConnectionClosed` is returned, every time.
         """
-        if self._state is State.ERROR:
-            raise LocalProtocolError("the connection is in the ERROR state")
         ready = self._ready
-        if len(ready) <= self._unchecked:
-            if self._state is State.CLOSED:
-                return ConnectionClosed()
+        if len(ready) <= self._unchecked:  # (none is ready once CLOSED or ERROR)
+            if self._state is not _OPEN:
+                return self._not_open()
             buf = self._buffer
             data = buf.data
             if len(data) - buf.pos >= self._need:
                 try:
                     buf.advance(self._parse(data, buf.pos, len(data), 0))
-                except RemoteProtocolError:
-                    self._fail()
-                    raise
+                except RemoteProtocolError as e:
+                    self._fail(e)
             if len(ready) <= self._unchecked:
                 if not buf.eof:
                     return NEED_DATA
-                self._state = State.CLOSED
-                self._discard()
-                return ConnectionClosed()
+                return self._closed()
         window = ready.popleft()
         self._ready_bytes -= window.held
         self._awaiting.append((window.version, window.highest_seq))
@@ -376,25 +349,21 @@ class ServerCodec:
     def discard(self) -> None:
         """Drop everything received and held, and whatever is received from now on
         (the connection is over; windows already returned can still be acked)."""
-        if self._state is State.OPEN:
-            self._state = State.CLOSED
-        self._discard()
-        self._ready.clear()
-        self._ready_bytes = self._unchecked = 0
+        if self._state is _OPEN:
+            self._state = _CLOSED
+        self._release()
 
-    def _fail(self) -> None:
-        self._state = State.ERROR
-        self._discard()
-        self._ready.clear()
-        self._ready_bytes = self._unchecked = 0
-
-    def _discard(self) -> None:
-        self._buffer.discard()
+    def _release(self) -> None:
+        """Drop the input held: the buffer, the window being received, the windows
+        parsed and not returned, a ``C`` frame being inflated."""
+        super()._release()
         self._events = []
         self._window_bytes = self._overhead = 0
         self._remaining = 0
         self._dscan = None
         self._end_stream()
+        self._ready.clear()
+        self._ready_bytes = self._unchecked = 0
 
     # -- output ---------------------------------------------------------------
     def send(self, event: Ack) -> bytes:
@@ -406,8 +375,9 @@ class ServerCodec:
         sequence. Refused with :class:`~gateway.core.errors.LocalProtocolError`: an
         ack when no window returned by :meth:`next_event` awaits one, in
         another version than that window's, or beyond its highest sequence.
-        Allowed in every state: a window already returned stays ackable even
-        if the input after it was bad.
+        Allowed in every state, ``ERROR`` included: a window already returned
+        stays ackable even if the input after it was bad (its answer may be on
+        its way while the driver closes).
         """
         if not isinstance(event, Ack):
             raise LocalProtocolError(f"a Lumberjack server only sends Ack, not {event!r}")
@@ -823,7 +793,7 @@ class ServerCodec:
         return b"".join(parts)
 
 
-class ClientCodec:
+class ClientCodec(Lifecycle):
     """The writer side of one Lumberjack connection: windows out, acks matched to them.
 
     :meth:`send_window` (or :meth:`window_sent`, for a window encoded
@@ -837,16 +807,11 @@ class ClientCodec:
     def __init__(self, version: int = 2) -> None:
         if version not in (1, 2):
             raise ValueError(f"Lumberjack version must be 1 or 2, not {version!r}")
+        super().__init__()
         self.version = version
         self._version_byte = version + 0x30
-        self._state = State.OPEN
-        self._buffer = ReceiveBuffer()
         #: ``[size, events acked]`` of each window in flight, oldest first.
         self._inflight: deque[list[int]] = deque()
-
-    @property
-    def state(self) -> State:
-        return self._state
 
     @property
     def windows_in_flight(self) -> int:
@@ -858,15 +823,6 @@ class ClientCodec:
         """Events sent and not yet acked."""
         return sum(size - acked for size, acked in self._inflight)
 
-    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
-        """Add received bytes; ``b""`` means the peer closed its sending side."""
-        self._buffer.feed(data)
-
-    @property
-    def held_bytes(self) -> int:
-        """Received bytes not yet parsed (a partial ack)."""
-        return len(self._buffer)
-
     def send_window(self, payloads: Sequence[bytes], *, compression_level: int = 3) -> bytes:
         """``W n`` + one ``C`` of ``J`` frames numbered 1..n (level 0: bare ``J``), in flight."""
         wire = encode_window(self.version, payloads, compression_level)
@@ -874,17 +830,15 @@ class ClientCodec:
         return wire
 
     def window_sent(self, size: int) -> None:
-        """A window of ``size`` events numbered 1..size, encoded elsewhere, is in flight."""
-        if self._state is State.ERROR:
-            raise LocalProtocolError("the connection is in the ERROR state")
+        """A window of ``size`` events numbered 1..size, encoded elsewhere, is in flight
+        (refused in ``ERROR``)."""
+        self._check_send("window_sent")
         self._inflight.append([size, 0])
 
     def next_event(self) -> Progress | ConnectionClosed | NeedData:
         """The next :class:`Progress`, :class:`ConnectionClosed`, or :data:`NEED_DATA`."""
-        if self._state is State.ERROR:
-            raise LocalProtocolError("the connection is in the ERROR state")
-        if self._state is State.CLOSED:
-            return ConnectionClosed()
+        if self._state is not _OPEN:
+            return self._not_open()
         buf = self._buffer
         data = buf.data
         pos = buf.pos
@@ -903,9 +857,7 @@ class ClientCodec:
             buf.advance(pos + 6)
             return self._match(seq)
         if buf.eof:
-            self._state = State.CLOSED
-            buf.discard()
-            return ConnectionClosed()
+            return self._closed()
         return NEED_DATA
 
     def _match(self, seq: int) -> Progress:
@@ -926,8 +878,3 @@ class ClientCodec:
             return Progress(seq, 0, False)
         head[1] = seq
         return Progress(seq, seq - acked, False)
-
-    def _fail(self, message: str) -> NoReturn:
-        self._state = State.ERROR
-        self._buffer.discard()
-        raise RemoteProtocolError(message)

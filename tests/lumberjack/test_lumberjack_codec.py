@@ -27,15 +27,16 @@ from hypothesis import strategies as st
 
 import protocols.lumberjack.codec as codec_module
 from gateway.core.errors import LocalProtocolError, RemoteProtocolError
+from gateway.protocol.conformance import splits
 from protocols.lumberjack import (
     NEED_DATA,
     Ack,
     ClientCodec,
+    CodecState,
     ConnectionClosed,
     Limits,
     Progress,
     ServerCodec,
-    State,
     Window,
     encode_ack,
     encode_window,
@@ -98,7 +99,7 @@ def feed(
         server.receive_data(b"")
         events += drain(server)
         assert events[-1] == ConnectionClosed()
-        assert server.state is State.CLOSED
+        assert server.state is CodecState.CLOSED
         events.pop()
     assert all(isinstance(e, Window) for e in events), events
     return events
@@ -106,13 +107,6 @@ def feed(
 
 def summary(windows: Sequence[Window]) -> list[tuple[int, int, bool]]:
     return [(win.version, win.highest_seq, win.complete) for win in windows]
-
-
-def splits(data: bytes) -> Iterable[list[bytes]]:
-    """``data`` in two pieces at every split point, then one byte at a time."""
-    for i in range(len(data) + 1):
-        yield [data[:i], data[i:]]
-    yield [data[i : i + 1] for i in range(len(data))]
 
 
 # -- golden vectors ----------------------------------------------------------------
@@ -351,7 +345,7 @@ def test_probe_errors_then_error_state(name: str) -> None:
     server.receive_data(data)
     with pytest.raises(RemoteProtocolError):
         drain(server)
-    assert server.state is State.ERROR
+    assert server.state is CodecState.ERROR
     with pytest.raises(LocalProtocolError):
         server.next_event()
 
@@ -425,23 +419,24 @@ def test_eof_drops_a_partial_window_and_a_partial_frame() -> None:
 
 def test_states_and_closed_repeats() -> None:
     server = ServerCodec()
-    assert server.state is State.OPEN
+    assert server.state is CodecState.OPEN
     assert not server.in_window
     server.receive_data(b"2W")
     assert server.next_event() is NEED_DATA
-    assert server.state is State.WINDOW
+    assert server.state is CodecState.OPEN
     assert server.in_window
     server.receive_data(b"\x00\x00\x00\x01")
     assert server.next_event() is NEED_DATA
-    assert server.state is State.WINDOW
+    assert server.state is CodecState.OPEN
+    assert server.in_window
     server.receive_data(j(2, 1, b"{}"))
     assert isinstance(server.next_event(), Window)
-    assert server.state is State.OPEN
+    assert server.state is CodecState.OPEN
     assert not server.in_window
     server.receive_data(b"")
     assert server.next_event() == ConnectionClosed()
     assert server.next_event() == ConnectionClosed()
-    assert server.state is State.CLOSED
+    assert server.state is CodecState.CLOSED
     with pytest.raises(LocalProtocolError):
         server.receive_data(b"2W")
 
@@ -526,7 +521,7 @@ def test_a_returned_window_stays_ackable_after_bad_input_or_the_end_of_input() -
     first = server.next_event()
     with pytest.raises(RemoteProtocolError):
         server.next_event()  # the second window, partly received, is dropped
-    assert server.state is State.ERROR
+    assert server.state is CodecState.ERROR
     assert isinstance(first, Window)
     assert server.send(Ack(2, first.highest_seq)) == encode_ack(2, 3)
     with pytest.raises(LocalProtocolError, match="no window awaits"):
@@ -678,7 +673,7 @@ def test_client_rejects_bad_acks(version: int, wire: bytes, match: str) -> None:
     client.receive_data(wire[:2])  # the first two bytes are enough to tell
     with pytest.raises(RemoteProtocolError, match=match):
         client.next_event()
-    assert client.state is State.ERROR
+    assert client.state is CodecState.ERROR
     with pytest.raises(LocalProtocolError):
         client.next_event()
     with pytest.raises(LocalProtocolError):
@@ -692,7 +687,7 @@ def test_client_eof() -> None:
     client.receive_data(b"")
     assert drain(client) == [Progress(7, 7, True), ConnectionClosed()]
     assert client.next_event() == ConnectionClosed()
-    assert client.state is State.CLOSED
+    assert client.state is CodecState.CLOSED
     with pytest.raises(ValueError, match="version"):
         ClientCodec(version=3)
 
@@ -773,7 +768,7 @@ def test_client_refuses_an_ack_with_no_window_in_flight(wire: bytes, match: str)
     client = ClientCodec()
     with pytest.raises(RemoteProtocolError, match=match):
         matched(client, wire)
-    assert client.state is State.ERROR
+    assert client.state is CodecState.ERROR
     with pytest.raises(LocalProtocolError):
         client.next_event()
     with pytest.raises(LocalProtocolError):
@@ -786,7 +781,7 @@ def test_client_refuses_an_ack_beyond_the_oldest_window() -> None:
     client.send_window([b"{}"] * 5)
     with pytest.raises(RemoteProtocolError, match="beyond the window of 2 events"):
         matched(client, acks(2, 1, 3))  # 3 would fit the second window, not the first
-    assert client.state is State.ERROR
+    assert client.state is CodecState.ERROR
     with pytest.raises(LocalProtocolError):
         client.send_window([b"{}"])
 
@@ -857,7 +852,7 @@ def test_client_matching_follows_a_model_in_any_chunks(
                     events.append(event)
     except RemoteProtocolError:
         events.append(RemoteProtocolError)
-        assert client.state is State.ERROR
+        assert client.state is CodecState.ERROR
     assert events == expected
     if RemoteProtocolError not in expected:
         assert client.events_in_flight == sum(size - done for size, done in inflight)
@@ -1026,9 +1021,9 @@ def _run(make: Callable[[], ServerCodec | ClientCodec], chunks: list[bytes]) -> 
             for event in drain(codec):
                 assert isinstance(event, Window | Progress | ConnectionClosed)
     except RemoteProtocolError:
-        assert codec.state is State.ERROR
+        assert codec.state is CodecState.ERROR
         return
-    assert codec.state is State.CLOSED
+    assert codec.state is CodecState.CLOSED
 
 
 SMALL = Limits(max_window=50, max_frame=4096, max_inflated=64 * 1024, max_ratio=100, max_depth=2)
