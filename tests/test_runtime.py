@@ -11,6 +11,7 @@ import trio
 import trio.testing
 from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
+from waits import subscribed, until
 
 from gateway.config.loader import parse
 from gateway.core.model import Outcome
@@ -58,7 +59,7 @@ async def test_fan_out_and_groups_over_sockets() -> None:
         await a.subscribe("t")  # its own group
         await b.subscribe("t", "workers")
         await c.subscribe("t", "workers")
-        await trio.sleep(0.1)
+        await subscribed(gw, "t", 3)
         pub = await client_for(gw)
         ids = await pub.publish_nowait([b"%d" % i for i in range(10)], "t")
         got_a = [await a.receive() for _ in range(10)]
@@ -142,7 +143,7 @@ async def test_upstream_resends_after_its_server_restarts() -> None:
             pub = await client_for(a)
             ids = await pub.publish_nowait([b"one", b"two"], "logs")
             # Nobody subscribes at B: B holds both and never acks the upstream.
-            await trio.sleep(0.3)
+            await until(lambda: b1.hub.destination("logs").figures().received == 2)
             b1.shutdown()
         # B is gone with both messages unacked; a new B comes up on the same port.
         async with running_gateway(
@@ -200,12 +201,13 @@ async def test_graceful_shutdown_settles_in_flight_messages() -> None:
     async with running_gateway(config) as gw:
         sub = await client_for(gw)
         await sub.subscribe("logs", window=1000)
-        await trio.sleep(0.05)
+        await subscribed(gw, "logs")
         pub = await client_for(gw)
         ids = await pub.publish_nowait([b"m%d" % i for i in range(50)])
         deliveries = [await sub.receive() for _ in range(50)]
         gw.shutdown()
-        await trio.sleep(0.1)
+        await gw.draining.wait()
+        await trio.testing.wait_all_tasks_blocked()  # the cancelled accept loops closed
         # Draining: new connections are refused, in-flight work continues.
         with pytest.raises(OSError):
             await client_for(gw)
@@ -226,7 +228,7 @@ async def test_drain_deadline_closes_unsettled_work_without_acking() -> None:
         async with running_gateway(config) as gw:
             pub = await client_for(gw)
             [ident] = await pub.publish_nowait([b"nobody listens"])
-            await trio.sleep(0.05)
+            await until(lambda: gw.hub.inflight == 1)  # handed to the hub, unsettled
             gw.shutdown()
             with pytest.raises(trio.BrokenResourceError):
                 await pub.wait_answers([ident])
@@ -245,7 +247,7 @@ async def test_max_connections_refuses_extra_connections(caplog: Any) -> None:
         # The first two still work.
         sub = c1
         await sub.subscribe("logs")
-        await trio.sleep(0.05)
+        await subscribed(gw, "logs")
         [ident] = await c2.publish_nowait([b"ok"])
         d = await sub.receive()
         await sub.ack(d.tag)
@@ -259,11 +261,14 @@ async def test_idle_client_is_closed_after_idle_timeout() -> None:
             assert await stream.receive_some() == b""  # closed by the gateway
 
 
-async def test_subscriber_is_not_idle_closed_while_subscribed() -> None:
+async def test_subscriber_is_not_idle_closed_while_subscribed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with running_gateway({"listeners": [ndjson_listener(idle_timeout="200ms")]}) as gw:
         sub = await client_for(gw)
         await sub.subscribe("logs")
-        await trio.sleep(0.6)
+        await subscribed(gw, "logs")
+        await trio.sleep(0.6)  # three idle timeouts, on the mock clock
         pub = await client_for(gw)
         [ident] = await pub.publish_nowait([b"late"])
         d = await sub.receive()
@@ -275,6 +280,7 @@ async def test_garbage_gets_an_error_and_closes_only_that_connection() -> None:
     async with running_gateway({"listeners": [ndjson_listener()]}) as gw:
         good = await client_for(gw)
         await good.subscribe("logs")
+        await subscribed(gw, "logs")
         stream = await trio.open_tcp_stream(*host_port(gw.addresses["nd"][0]))
         await stream.send_all(b"\x16\x03\x01\x00garbage\xff\n")
         reply = b""
@@ -294,7 +300,7 @@ async def test_half_open_client_is_answered_then_closed() -> None:
     async with running_gateway({"listeners": [ndjson_listener()]}) as gw:
         sub = await client_for(gw)
         await sub.subscribe("logs")
-        await trio.sleep(0.05)
+        await subscribed(gw, "logs")
         stream = await trio.open_tcp_stream(*host_port(gw.addresses["nd"][0]))
         await stream.send_all(b'{"op":"pub","id":1,"body":"x"}\n')
         await stream.send_eof()
@@ -313,7 +319,7 @@ async def test_unix_socket_listener(tmp_path: Path) -> None:
         assert gw.addresses["nd"] == [f"unix:{path}"]
         sub = NdjsonClient(await trio.open_unix_socket(str(path)))
         await sub.subscribe("logs")
-        await trio.sleep(0.05)
+        await subscribed(gw, "logs")
         pub = NdjsonClient(await trio.open_unix_socket(str(path)))
         [ident] = await pub.publish_nowait([b"via unix"])
         d = await sub.receive()
