@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 import trio
 
 from gateway.core.model import MESSAGE_OVERHEAD, Message, Outcome, Position, Reply
+from gateway.core.reasons import Reason, Refusal
 from gateway.core.receipts import Receipt
 
 if TYPE_CHECKING:
@@ -283,7 +284,7 @@ class Destination(ABC):
     name: str
 
     @abstractmethod
-    def check(self, message: Message) -> str | None:
+    def check(self, message: Message) -> Refusal | None:
         """Why ``message`` can never be taken (e.g. larger than the buffer), or None."""
 
     @abstractmethod
@@ -300,7 +301,7 @@ class Destination(ABC):
             problem = self.check(message)
             if problem is not None:
                 receipt.add_legs()
-                receipt.settle(i, Outcome.REJECTED, problem)
+                receipt.settle(i, Outcome.REJECTED, problem.text, reason_code=problem.code)
             else:
                 await self.put(message, receipt, i)
 
@@ -356,18 +357,20 @@ class DestinationProvider(Protocol):
 
 def refusal(
     destination: str, message: Message, max_bytes: int, element_size: int | None = None
-) -> str | None:
+) -> Refusal | None:
     """Why ``destination`` can never take ``message`` (too large for its buffer, or
     not one fixed-size element), or None: every destination's :meth:`Destination.check`."""
     if element_size is not None and len(message.body) != element_size:
-        return (
+        return Refusal(
+            Reason.WRONG_SIZE,
             f"destination {destination!r} takes elements of exactly {element_size} bytes, "
-            f"not {len(message.body)}"
+            f"not {len(message.body)}",
         )
     if message.size > max_bytes:
-        return (
+        return Refusal(
+            Reason.TOO_LARGE,
             f"message of {message.size} bytes exceeds the buffer of destination "
-            f"{destination!r} ({max_bytes} bytes)"
+            f"{destination!r} ({max_bytes} bytes)",
         )
     return None
 

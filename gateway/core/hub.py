@@ -36,20 +36,29 @@ from gateway.core.destination import (
     Subscription,
 )
 from gateway.core.model import Message, Outcome
+from gateway.core.reasons import Reason
 from gateway.core.receipts import Receipt
 from gateway.core.routing import UPSTREAM_PREFIX, Router
 from gateway.core.topic import Topic, TopicLimits
-from gateway.ops.metrics import publish_reason
 from gateway.ops.tap import Tap
 
 if TYPE_CHECKING:
     from gateway.core.filters import Filter
 
-__all__ = ["Hub", "HubLimits"]
+__all__ = ["Hub", "HubLimits", "NoDestination"]
 
 log = logging.getLogger(__name__)
 
 _DESTINATION = operator.attrgetter("destination")
+
+
+class NoDestination(LookupError):
+    """A name the hub has no destination for, and will not create one for; ``code``
+    says why (:class:`~gateway.core.reasons.Reason`)."""
+
+    def __init__(self, code: Reason, text: str) -> None:
+        super().__init__(text)
+        self.code = code
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -91,9 +100,9 @@ class Hub:
         self._upstreams = set(upstreams)
         self._inflight = 0
         #: Settled publishes: how many were delivered, and the others by (outcome,
-        #: reason class); plain counts that the metrics read at scrape time.
+        #: reason code); plain counts that the metrics read at scrape time.
         self.delivered = 0
-        self.not_delivered: dict[tuple[Outcome, str], int] = {}
+        self.not_delivered: dict[tuple[Outcome, Reason], int] = {}
         self._idle = trio.lowlevel.ParkingLot()
         self._closed = False
         #: Call deadlines: ``(reply_by, n, receipt, reason)``, soonest first.
@@ -114,11 +123,14 @@ class Hub:
         if self._closed:
             raise trio.ClosedResourceError("the hub is closed")
         if len(self._destinations) >= self.limits.max_destinations:
-            raise LookupError(
-                f"too many destinations ({self.limits.max_destinations}); not creating {name!r}"
+            raise NoDestination(
+                Reason.TOO_MANY_DESTINATIONS,
+                f"too many destinations ({self.limits.max_destinations}); not creating {name!r}",
             )
         if name.startswith(UPSTREAM_PREFIX) and name[len(UPSTREAM_PREFIX) :] not in self._upstreams:
-            raise LookupError(f"no upstream named {name[len(UPSTREAM_PREFIX) :]!r}")
+            raise NoDestination(
+                Reason.NO_UPSTREAM, f"no upstream named {name[len(UPSTREAM_PREFIX) :]!r}"
+            )
         for provider in self._providers:
             d = provider.open(name)
             if d is not None:
@@ -238,7 +250,7 @@ class Hub:
                     start = i
         except trio.ClosedResourceError as e:
             # Shutdown closed a target under the publish: it fails (nobody gets this receipt).
-            receipt.expire(str(e))
+            receipt.expire(str(e), Reason.CLOSED)
             raise
         finally:
             # Legs already handed out still settle; the receipt settles after them.
@@ -255,10 +267,16 @@ class Hub:
             try:
                 dest = self.destination(target)
                 if receipt.is_call and dest.info.kind == "log":
-                    raise LookupError(f"destination {target!r} is a log: it takes no calls")
+                    raise NoDestination(
+                        Reason.TAKES_NO_CALLS, f"destination {target!r} is a log: it takes no calls"
+                    )
             except LookupError as e:
+                # A provider that cannot open the name raises a LookupError of its own.
+                code = e.code if isinstance(e, NoDestination) else Reason.UNAVAILABLE
                 receipt.add_legs(len(copies))
-                receipt.settle_range(base, base + len(copies), Outcome.REJECTED, str(e))
+                receipt.settle_range(
+                    base, base + len(copies), Outcome.REJECTED, str(e), reason_code=code
+                )
                 continue
             await dest.put_many(copies, receipt, base)
             if self._taps:
@@ -279,7 +297,7 @@ class Hub:
                 deadlines = self._deadlines
                 while deadlines and deadlines[0][0] <= now:
                     _, _, receipt, reason = heapq.heappop(deadlines)
-                    receipt.expire(reason)
+                    receipt.expire(reason, Reason.EXPIRED)
                 with trio.move_on_at(deadlines[0][0] if deadlines else math.inf):
                     await self._timer.park()
         finally:
@@ -299,7 +317,7 @@ class Hub:
         if outcome is Outcome.DELIVERED:
             self.delivered += 1
         elif outcome is not None:
-            key = (outcome, publish_reason(receipt.reason))
+            key = (outcome, receipt.reason_code or Reason.OTHER)
             self.not_delivered[key] = self.not_delivered.get(key, 0) + 1
         if self._inflight == 0 and self._idle:
             self._idle.unpark_all()

@@ -78,6 +78,7 @@ from gateway.core.destination import (
 )
 from gateway.core.errors import StorageFull
 from gateway.core.model import Message, Outcome, Position
+from gateway.core.reasons import Refusal
 from gateway.core.receipts import Receipt
 
 if TYPE_CHECKING:
@@ -337,7 +338,7 @@ class LogDestination(Destination):
         return self.blocked > 0 or self.retained_bytes >= self.retain_bytes
 
     # -- publishing -----------------------------------------------------------------
-    def check(self, message: Message) -> str | None:
+    def check(self, message: Message) -> Refusal | None:
         return refusal(self.name, message, self.retain_bytes, self.element_size)
 
     @property
@@ -365,7 +366,7 @@ class LogDestination(Destination):
             problem = self.check(messages[i])
             if problem is not None:
                 receipt.add_legs()
-                receipt.settle(base + i, Outcome.REJECTED, problem)
+                receipt.settle(base + i, Outcome.REJECTED, problem.text, reason_code=problem.code)
                 i += 1
                 continue
             room = self._room()

@@ -26,6 +26,7 @@ from types import MappingProxyType
 import trio
 
 from gateway.core.model import Outcome, Position, Reply
+from gateway.core.reasons import Reason
 
 __all__ = ["Receipt", "Result"]
 
@@ -47,6 +48,10 @@ class Result:
     positions: Mapping[str, Position] = field(default_factory=lambda: _NO_POSITIONS)
     #: The answer, when the message was a call that was answered.
     reply: Reply | None = None
+    #: Why, as a code chosen where the failure happened (None when delivered):
+    #: what code, a protocol or the metrics should read instead of ``reason``.
+    #: Left out of comparisons: a result equals another of the same outcome and text.
+    reason_code: Reason | None = field(default=None, compare=False)
 
     @property
     def position(self) -> Position | None:
@@ -65,6 +70,7 @@ class _Extra:
 
 
 _DELIVERED = Result()
+_NO_REASON: tuple[str, Reason | None] = ("", None)
 
 
 class Receipt:
@@ -86,6 +92,7 @@ class Receipt:
         "_worsts",
         "is_call",
         "reason",
+        "reason_code",
         "reply",
         "reply_by",
     )
@@ -102,11 +109,14 @@ class Receipt:
         self._callbacks: list[Callable[[Receipt], None]] | None = None
         #: Human-readable reason of the worst non-delivered outcome.
         self.reason = ""
+        #: The code of that reason (:class:`~gateway.core.reasons.Reason`), None while
+        #: nothing failed.
+        self.reason_code: Reason | None = None
         #: The worst outcome so far; final only once every leg has settled.
         self._worst = Outcome.DELIVERED
-        #: Per message, built on first need: worst outcome, its reason, extras.
+        #: Per message, built on first need: worst outcome, its reason and code, extras.
         self._worsts: bytearray | None = None
-        self._reasons: dict[int, str] | None = None
+        self._reasons: dict[int, tuple[str, Reason]] | None = None
         self._extras: dict[int, _Extra] | None = None
         #: ``(first index, destination, positions)`` of each stored run.
         self._position_runs: list[tuple[int, str, Sequence[Position]]] | None = None
@@ -119,14 +129,23 @@ class Receipt:
         self.reply_by: float | None = None
 
     @classmethod
-    def settled(cls, outcome: Outcome, reason: str = "", count: int = 0) -> Receipt:
+    def settled(
+        cls,
+        outcome: Outcome,
+        reason: str = "",
+        count: int = 0,
+        *,
+        reason_code: Reason = Reason.OTHER,
+    ) -> Receipt:
         """A receipt that is already settled (e.g. a publish refused up front)."""
         r = cls(count)
         r._worst = outcome
         r.reason = reason
-        if outcome != Outcome.DELIVERED and count:
-            r._worsts = bytearray([outcome]) * count
-            r._reasons = dict.fromkeys(range(count), reason)
+        if outcome != Outcome.DELIVERED:
+            r.reason_code = reason_code
+            if count:
+                r._worsts = bytearray([outcome]) * count
+                r._reasons = dict.fromkeys(range(count), (reason, reason_code))
         r.seal()
         return r
 
@@ -151,11 +170,19 @@ class Receipt:
         self._legs += n
 
     def settle_range(
-        self, start: int, stop: int, outcome: Outcome | None, reason: str = ""
+        self,
+        start: int,
+        stop: int,
+        outcome: Outcome | None,
+        reason: str = "",
+        *,
+        reason_code: Reason = Reason.REFUSED_BY_TARGET,
     ) -> None:
         """Settle one leg of each message ``start`` to ``stop`` (exclusive) alike.
 
         ``None`` is neutral: the copies are no longer needed and do not count.
+        A failed or rejected leg carries ``reason_code``; without one it was
+        refused by its target (a subscriber's nack).
         """
         n = stop - start
         if n <= 0:
@@ -164,7 +191,7 @@ class Receipt:
             self._pending -= n
             return
         if outcome is not None and outcome != Outcome.DELIVERED:
-            self._mark(start, stop, outcome, reason)
+            self._mark(start, stop, outcome, reason, reason_code)
         self._pending -= n
         if self._pending == 0 and self._sealed:
             self._maybe_finish()
@@ -175,11 +202,17 @@ class Receipt:
         outcome: Outcome | None,
         reason: str = "",
         *,
+        reason_code: Reason = Reason.REFUSED_BY_TARGET,
         code: int | None = None,
         details: Mapping[str, str] | None = None,
         reply: Reply | None = None,
     ) -> None:
-        """Settle one leg of message ``index``, with what its target attached."""
+        """Settle one leg of message ``index``, with what its target attached.
+
+        A failed or rejected leg carries ``reason_code``; without one it was
+        refused by its target (a subscriber's nack). ``code`` is a status code
+        of the target's own (a protocol's error code, say).
+        """
         if self._outcome is not None:
             self._pending -= 1
             return
@@ -193,13 +226,14 @@ class Receipt:
             self.reply = reply
             self._replied = index
         if outcome is not None and outcome != Outcome.DELIVERED:
-            self._mark(index, index + 1, outcome, reason)
+            self._mark(index, index + 1, outcome, reason, reason_code)
         self._pending -= 1
         if reply is not None and self.is_call:
             # A call is answered by its first reply; copies that failed or are
             # still pending no longer matter.
             self._worst = Outcome.DELIVERED
             self.reason = ""
+            self.reason_code = None
             if self._worsts is not None:
                 self._worsts[index] = Outcome.DELIVERED
             if self._reasons:
@@ -221,20 +255,28 @@ class Receipt:
         self._sealed = True
         self._maybe_finish()
 
-    def expire(self, reason: str) -> None:
-        """Settle now as failed with ``reason`` (a call's deadline passed); later legs
-        change nothing."""
+    def expire(self, reason: str, reason_code: Reason = Reason.EXPIRED) -> None:
+        """Settle now as failed with ``reason`` and its code (by default: a call's
+        deadline passed); later legs change nothing."""
         if self._outcome is not None:
             return
-        self._mark(0, self._count, Outcome.FAILED, reason, force=True)
+        self._mark(0, self._count, Outcome.FAILED, reason, reason_code, force=True)
         self._finish()
 
     def _mark(
-        self, start: int, stop: int, outcome: Outcome, reason: str, *, force: bool = False
+        self,
+        start: int,
+        stop: int,
+        outcome: Outcome,
+        reason: str,
+        code: Reason,
+        *,
+        force: bool = False,
     ) -> None:
         if outcome > self._worst or force:
             self._worst = max(outcome, self._worst)
             self.reason = reason
+            self.reason_code = code
         if stop > self._count:
             self._count = stop
         worsts = self._worsts
@@ -242,12 +284,14 @@ class Receipt:
             worsts = self._worsts = bytearray(self._count)
         elif len(worsts) < self._count:
             worsts.extend(bytes(self._count - len(worsts)))
-        if self._reasons is None:
-            self._reasons = {}
+        reasons = self._reasons
+        if reasons is None:
+            reasons = self._reasons = {}
+        why = (reason, code)
         for i in range(start, stop):
             if outcome > worsts[i] or force:
                 worsts[i] = max(outcome, worsts[i])
-                self._reasons[i] = reason
+                reasons[i] = why
 
     def _extra(self, index: int) -> _Extra:
         if self._extras is None:
@@ -260,13 +304,11 @@ class Receipt:
     def _maybe_finish(self) -> None:
         if self._pending == 0 and self._sealed:
             if self.is_call and self.reply is None and self._worst == Outcome.DELIVERED:
-                self._worst = Outcome.FAILED
-                self.reason = (
-                    "no subscriber to answer the call"
-                    if self._legs == 0
-                    else "the call was settled without a reply"
-                )
-                self._mark(0, self._count, Outcome.FAILED, self.reason, force=True)
+                if self._legs == 0:
+                    why = "no subscriber to answer the call", Reason.NO_SUBSCRIBER
+                else:
+                    why = "the call was settled without a reply", Reason.NO_REPLY
+                self._mark(0, self._count, Outcome.FAILED, *why, force=True)
             self._finish()
 
     def _finish(self) -> None:
@@ -327,7 +369,7 @@ class Receipt:
             if self._worsts is not None and index < len(self._worsts)
             else Outcome.DELIVERED
         )
-        reason = self._reasons.get(index, "") if self._reasons else ""
+        reason, reason_code = self._reasons.get(index, _NO_REASON) if self._reasons else _NO_REASON
         extra = self._extras.get(index) if self._extras else None
         positions: dict[str, Position] | None = None
         if self._position_runs:
@@ -352,6 +394,7 @@ class Receipt:
             extra.details if extra else _EMPTY,
             MappingProxyType(positions) if positions else _NO_POSITIONS,
             reply,
+            reason_code,
         )
 
     def results(self) -> list[Result]:

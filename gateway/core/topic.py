@@ -61,6 +61,7 @@ from gateway.core.destination import (
     refusal,
 )
 from gateway.core.model import Message, Outcome, Reply
+from gateway.core.reasons import Refusal
 from gateway.core.receipts import Receipt
 
 if TYPE_CHECKING:
@@ -319,7 +320,7 @@ class Topic(Destination):
             for g, _, n, b in plan
         )
 
-    def check(self, message: Message) -> str | None:
+    def check(self, message: Message) -> Refusal | None:
         return refusal(self.name, message, self.limits.max_bytes, self.element_size)
 
     async def put(self, message: Message, receipt: Receipt, index: int = 0) -> None:

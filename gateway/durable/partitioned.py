@@ -69,6 +69,7 @@ from gateway.core.destination import (
 )
 from gateway.core.log import LogDestination, LogSubscription
 from gateway.core.model import Message, Outcome, Position, Reply
+from gateway.core.reasons import Reason, Refusal
 from gateway.core.receipts import Receipt
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ class PartitionedLog(Destination):
     def info(self) -> DestinationInfo:
         return self.parts[0].info
 
-    def check(self, message: Message) -> str | None:
+    def check(self, message: Message) -> Refusal | None:
         return self.parts[0].check(message)
 
     # -- publishing -----------------------------------------------------------------------
@@ -485,19 +486,34 @@ class _Scatter:
         outcome: Outcome | None,
         reason: str = "",
         *,
+        reason_code: Reason = Reason.REFUSED_BY_TARGET,
         code: int | None = None,
         details: Mapping[str, str] | None = None,
         reply: Reply | None = None,
     ) -> None:
         self._receipt.settle(
-            self._indexes[index], outcome, reason, code=code, details=details, reply=reply
+            self._indexes[index],
+            outcome,
+            reason,
+            reason_code=reason_code,
+            code=code,
+            details=details,
+            reply=reply,
         )
 
     def settle_range(
-        self, start: int, stop: int, outcome: Outcome | None, reason: str = ""
+        self,
+        start: int,
+        stop: int,
+        outcome: Outcome | None,
+        reason: str = "",
+        *,
+        reason_code: Reason = Reason.REFUSED_BY_TARGET,
     ) -> None:
         for lo, hi, first in self._runs(start, stop):
-            self._receipt.settle_range(first, first + hi - lo, outcome, reason)
+            self._receipt.settle_range(
+                first, first + hi - lo, outcome, reason, reason_code=reason_code
+            )
 
     def settle_stored(self, start: int, destination: str, positions: Sequence[Position]) -> None:
         for lo, hi, first in self._runs(start, start + len(positions)):

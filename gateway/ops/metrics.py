@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -38,10 +38,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.metrics import MetricWrapperBase
 
 from gateway import __version__
-from gateway.core.destination import Destination
-from gateway.core.log import LogDestination
-from gateway.core.topic import Topic
-from gateway.durable.partitioned import PartitionedLog
+from gateway.core.destination import DestinationFigures
+
+# The ``reason`` labels of ``interchange_publishes_total``: the hub counts settled
+# publishes by code (gateway.core.reasons.Reason), and a scrape labels each by
+# ``Reason.label``; no text is ever matched.
+from gateway.core.reasons import PUBLISH_REASONS
 
 if TYPE_CHECKING:
     from gateway.core.hub import Hub
@@ -57,7 +59,6 @@ __all__ = [
     "StoreCollector",
     "Tally",
     "TallyFamily",
-    "publish_reason",
 ]
 
 #: Seconds: from a millisecond to a minute, for ack latencies.
@@ -70,55 +71,6 @@ MAX_EXPORTED_DESTINATIONS = 1000
 MAX_EXPORTED_GROUPS = 100
 #: The ``group`` label of every anonymous subscriber's group of one, summed.
 ANONYMOUS_GROUP = "~anonymous"
-
-#: Why a publish was not delivered: ``interchange_publishes_total``'s ``reason``.
-#: Each is recognised by a phrase of the reasons the gateway writes (see
-#: :func:`publish_reason`); a reason the gateway did not write came from a
-#: target (a subscriber's nack).
-_REASON_PHRASES: tuple[tuple[str, str], ...] = (
-    # gateway.core.destination.refusal
-    ("exceeds the buffer of destination", "too_large"),
-    ("takes elements of exactly", "wrong_size"),
-    # gateway.hub.Hub._route (LookupError)
-    ("too many destinations", "no_destination"),
-    ("no upstream named", "no_destination"),
-    ("it takes no calls", "no_destination"),
-    # the hub or a destination closed while the publish was routed (shutdown)
-    ("is closed", "buffer_closed"),
-    # gateway.core.receipts: a call's deadline, or nobody to answer it
-    ("no reply within", "expired"),
-    ("no subscriber to answer the call", "no_reply"),
-    ("the call was settled without a reply", "no_reply"),
-    # gateway.protocol.session: the sender left before it settled
-    ("its sender closed the connection", "abandoned"),
-)
-PUBLISH_REASONS = (
-    "too_large",
-    "wrong_size",
-    "no_destination",
-    "buffer_closed",
-    "expired",
-    "no_reply",
-    "abandoned",
-    "refused_by_target",
-    "other",
-)
-
-
-def publish_reason(reason: str) -> str:
-    """The class of a receipt's ``reason``, one of :data:`PUBLISH_REASONS`.
-
-    A reason the gateway did not write itself came from a target (a
-    subscriber's nack without requeue): ``refused_by_target``; no reason at
-    all is ``other``.
-    """
-    if not reason:
-        return "other"
-    for phrase, name in _REASON_PHRASES:
-        if phrase in reason:
-            return name
-    return "refused_by_target"
-
 
 _OUTCOME_NAMES = {0: "delivered", 1: "failed", 2: "rejected"}
 
@@ -137,6 +89,16 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self._families: dict[str, MetricWrapperBase | TallyFamily] = {}
+        self._connection_families()
+        self._traffic_families()
+        self._gateway_families()
+        self._upstream_families()
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        self._hub_collector: HubCollector | None = None
+
+    def _connection_families(self) -> None:
+        """Per listener: connections, and what refused or closed them."""
         self.connections_open = self.gauge(
             "interchange_connections_open", "Connections open now.", ["listener"]
         )
@@ -149,12 +111,6 @@ class Metrics:
             " (a TLS handshake timeout, a crash); protocols count their own errors.",
             ["listener"],
         )
-        self.bytes_received = self.tally(
-            "interchange_received_bytes", "Bytes received from clients.", ["listener"]
-        )
-        self.bytes_sent = self.tally(
-            "interchange_sent_bytes", "Bytes sent to clients.", ["listener"]
-        )
         self.refused_connections = self.counter(
             "interchange_refused_connections",
             "Connections refused or closed by a protection, by reason (max_connections,"
@@ -166,12 +122,42 @@ class Metrics:
             "accept() failures for lack of resources (EMFILE, ENFILE, ENOMEM, ENOBUFS).",
             ["listener", "error"],
         )
+        self.tls_handshake_failures = self.counter(
+            "interchange_tls_handshake_failures",
+            "Server-side TLS handshakes that failed, by reason (unknown_ca, bad_certificate,"
+            " certificate_required, expired, protocol_version, no_shared_cipher, not_tls,"
+            " timeout, eof, other).",
+            ["listener", "reason"],
+        )
+
+    def _traffic_families(self) -> None:
+        """Per listener: bytes and messages in and out, and publishes abandoned."""
+        self.bytes_received = self.tally(
+            "interchange_received_bytes", "Bytes received from clients.", ["listener"]
+        )
+        self.bytes_sent = self.tally(
+            "interchange_sent_bytes", "Bytes sent to clients.", ["listener"]
+        )
+        self.messages_received = self.tally(
+            "interchange_messages_received",
+            "Messages published by the listener's connections (counted per publish).",
+            ["listener"],
+        )
+        self.messages_sent = self.tally(
+            "interchange_messages_sent",
+            "Deliveries handed to the listener's subscriber connections to write"
+            " (redeliveries included).",
+            ["listener"],
+        )
         self.abandoned_publishes = self.counter(
             "interchange_abandoned_publishes",
             "Publishes whose sender left (or shutdown gave up) before they settled:"
             " settled as failed, never acked.",
             ["listener"],
         )
+
+    def _gateway_families(self) -> None:
+        """The gateway's own: memory budget, suppressed log lines, build information."""
         self.log_lines_suppressed = self.counter(
             "interchange_log_lines_suppressed",
             "Warnings not logged because the same reason was logged within the interval.",
@@ -186,6 +172,15 @@ class Metrics:
             "Bytes counted against the memory budget: destination buffers and partly"
             " received input of connections.",
         )
+        self.build_info = self.gauge(
+            "interchange_build_info",
+            "Always 1: the gateway's version and the Python running it.",
+            ["version", "python"],
+        )
+        self.build_info.labels(version=__version__, python=platform.python_version()).set(1)
+
+    def _upstream_families(self) -> None:
+        """Per upstream: its connections and the messages it received."""
         self.upstream_connects = self.counter(
             "interchange_upstream_connects", "Connections an upstream made.", ["upstream"]
         )
@@ -197,38 +192,11 @@ class Metrics:
         self.upstream_connected = self.gauge(
             "interchange_upstream_connected", "1 while an upstream is connected.", ["upstream"]
         )
-        self.messages_received = self.tally(
-            "interchange_messages_received",
-            "Messages published by the listener's connections (counted per publish).",
-            ["listener"],
-        )
-        self.messages_sent = self.tally(
-            "interchange_messages_sent",
-            "Deliveries handed to the listener's subscriber connections to write"
-            " (redeliveries included).",
-            ["listener"],
-        )
         self.upstream_messages_received = self.tally(
             "interchange_upstream_messages_received",
             "Messages an upstream received from its peer and published locally.",
             ["upstream"],
         )
-        self.tls_handshake_failures = self.counter(
-            "interchange_tls_handshake_failures",
-            "Server-side TLS handshakes that failed, by reason (unknown_ca, bad_certificate,"
-            " certificate_required, expired, protocol_version, no_shared_cipher, not_tls,"
-            " timeout, eof, other).",
-            ["listener", "reason"],
-        )
-        self.build_info = self.gauge(
-            "interchange_build_info",
-            "Always 1: the gateway's version and the Python running it.",
-            ["version", "python"],
-        )
-        self.build_info.labels(version=__version__, python=platform.python_version()).set(1)
-        ProcessCollector(registry=self.registry)
-        PlatformCollector(registry=self.registry)
-        self._hub_collector: HubCollector | None = None
 
     def watch_hub(
         self, hub: Hub, upstreams: Iterable[str] | Callable[[], Iterable[str]] = ()
@@ -479,99 +447,44 @@ class HubCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        hub = self.hub
-        publishes = CounterMetricFamily(
-            "interchange_publishes",
-            "Publishes (and calls) whose receipt settled, by outcome (delivered, failed,"
-            " rejected) and reason (see docs/configuration.md).",
-            labels=["outcome", "reason"],
-        )
-        publishes.add_metric(["delivered", ""], hub.delivered)
-        for (outcome, reason), count in sorted(hub.not_delivered.items()):
-            publishes.add_metric([_OUTCOME_NAMES.get(int(outcome), str(outcome)), reason], count)
-        yield publishes
-
-        destinations = hub.destinations()
+        yield self._publishes()
+        destinations = self.hub.destinations()
         yield GaugeMetricFamily(
             "interchange_destinations",
             f"Destinations that exist; at most {self.max_destinations} are exported.",
             value=len(destinations),
         )
-        dl, gl = ["destination"], ["destination", "group"]
-        put = CounterMetricFamily(
-            "interchange_destination_messages_in",
-            "Messages a destination took (stored, or discarded by a topic without groups).",
-            labels=dl,
-        )
-        out = CounterMetricFamily(
-            "interchange_destination_messages_out",
-            "Deliveries a destination handed to subscribers (redeliveries included).",
-            labels=dl,
-        )
-        acked = CounterMetricFamily(
-            "interchange_destination_messages_acked",
-            "Deliveries subscribers acked (or answered).",
-            labels=dl,
-        )
-        discarded = CounterMetricFamily(
-            "interchange_destination_messages_discarded",
-            "Messages published to a topic while no group subscribed to it.",
-            labels=dl,
-        )
-        backlog = GaugeMetricFamily(
-            "interchange_destination_backlog_messages",
-            "Messages a group has not acked yet (queued plus delivered and unacked; a log:"
-            " from its committed position to the tail).",
-            labels=gl,
-        )
-        backlog_bytes = GaugeMetricFamily(
-            "interchange_destination_backlog_bytes",
-            "Bytes of the group's backlog, as charged to its buffer.",
-            labels=gl,
-        )
-        fill = GaugeMetricFamily(
-            "interchange_destination_buffer_fill_ratio",
-            "How full the group's buffer is (the larger of bytes and messages); at 1"
-            " publishers wait (a drop_oldest log evicts).",
-            labels=gl,
-        )
-        subscribers = GaugeMetricFamily(
-            "interchange_group_subscribers", "Subscribers in the group now.", labels=gl
-        )
-        unacked = GaugeMetricFamily(
-            "interchange_group_unacked_messages",
-            "Deliveries the group's subscribers hold unacked.",
-            labels=gl,
-        )
-        exported: dict[str, Destination] = {}
+        families = _DestinationFamilies()
+        exported: dict[str, DestinationFigures] = {}
         for i, (name, dest) in enumerate(destinations.items()):
             if i >= self.max_destinations and not name.startswith("upstream:"):
                 continue
-            exported[name] = dest
-            counts = _counts(dest)
-            if counts is not None:
-                put.add_metric([name], counts[0])
-                out.add_metric([name], counts[1])
-                acked.add_metric([name], counts[2])
-            if isinstance(dest, Topic):
-                discarded.add_metric([name], dest.discarded)
-                rows = self._topic_groups(dest)
-            elif isinstance(dest, LogDestination | PartitionedLog):
-                rows = self._log_groups(dest)
-            else:
-                continue
-            for group, held, nbytes, ratio, members, held_unacked in rows:
-                labels = [name, group]
-                backlog.add_metric(labels, held)
-                if nbytes is not None:
-                    backlog_bytes.add_metric(labels, nbytes)
-                if ratio is not None:
-                    fill.add_metric(labels, ratio)
-                if members is not None:
-                    subscribers.add_metric(labels, members)
-                    unacked.add_metric(labels, held_unacked)
-        yield from (put, out, acked, discarded, backlog, backlog_bytes, fill, subscribers, unacked)
+            figures = exported[name] = dest.figures()
+            families.add(name, figures, self._bounded(_group_rows(figures)))
+        yield from families.all()
+        yield from self._upstream_queues(exported)
 
+    def _publishes(self) -> Metric:
+        """Settled publishes by outcome and the label of their reason code."""
+        hub = self.hub
+        family = CounterMetricFamily(
+            "interchange_publishes",
+            "Publishes (and calls) whose receipt settled, by outcome (delivered, failed,"
+            " rejected) and reason (see docs/configuration.md).",
+            labels=["outcome", "reason"],
+        )
+        family.add_metric(["delivered", ""], hub.delivered)
+        # Several codes share a label: one sample per label.
+        counts: dict[tuple[str, str], int] = {}
+        for (outcome, code), count in hub.not_delivered.items():
+            key = (_OUTCOME_NAMES.get(int(outcome), str(outcome)), code.label)
+            counts[key] = counts.get(key, 0) + count
+        for (outcome_name, label), count in sorted(counts.items()):
+            family.add_metric([outcome_name, label], count)
+        return family
+
+    def _upstream_queues(self, exported: dict[str, DestinationFigures]) -> Iterator[Metric]:
+        """Per configured upstream, its queue's deliveries and acks (0 before it exists)."""
         up_sent = CounterMetricFamily(
             "interchange_upstream_messages_sent",
             "Deliveries the upstream's connections took from its queue to send"
@@ -585,47 +498,10 @@ class HubCollector:
         )
         for upstream in self._upstreams():
             queue = exported.get(f"upstream:{upstream}")
-            counts = _counts(queue) if queue is not None else None
-            up_sent.add_metric([upstream], counts[1] if counts else 0)
-            up_acked.add_metric([upstream], counts[2] if counts else 0)
+            up_sent.add_metric([upstream], queue.delivered if queue is not None else 0)
+            up_acked.add_metric([upstream], queue.acked if queue is not None else 0)
         yield up_sent
         yield up_acked
-
-    def _topic_groups(self, topic: Topic) -> Iterator[_Row]:
-        stats: dict[str, Any] = topic.stats()
-        max_bytes, max_messages = topic.limits.max_bytes, topic.limits.max_messages
-
-        def ratio(held: int, nbytes: int) -> float:
-            return max(nbytes / max_bytes, held / max_messages)
-
-        held, nbytes = stats["backlog"], topic.backlog_bytes
-        yield "", held, nbytes, ratio(held, nbytes), None, 0
-        rows = []
-        for group, g in stats["groups"].items():
-            held, nbytes, queued = g["held"], g["held_bytes"], g["queued"]
-            # Held: queued plus delivered and not yet acked.
-            rows.append((group, held, nbytes, ratio(held, nbytes), g["members"], held - queued))
-        yield from self._bounded(rows)
-
-    def _log_groups(self, log: LogDestination | PartitionedLog) -> Iterator[_Row]:
-        stats: dict[str, Any] = log.stats()
-        retained = stats["bytes"]
-        if isinstance(log, PartitionedLog):
-            # Each partition is bounded by its own retain: the fullest one counts.
-            ratio = max(p.retained_bytes / p.retain_bytes for p in log.parts)
-            yield "", stats["messages"], retained, ratio, None, 0
-            rows: list[_Row] = [
-                (group, g["behind"], None, None, g["members"], g["unacked"])
-                for group, g in stats["groups"].items()
-            ]
-        else:
-            yield "", stats["messages"], retained, retained / log.retain_bytes, None, 0
-            tail = stats["next"]
-            rows = [
-                (group, max(0, tail - g["committed"]), None, None, g["members"], g["unacked"])
-                for group, g in stats["groups"].items()
-            ]
-        yield from self._bounded(rows)
 
     def _bounded(self, rows: Iterable[_Row]) -> Iterator[_Row]:
         """At most ``max_groups`` named groups, then every anonymous one summed."""
@@ -652,17 +528,92 @@ class HubCollector:
             yield ANONYMOUS_GROUP, held, nbytes, ratio, members, held_unacked
 
 
-def _counts(dest: Destination) -> tuple[int, int, int] | None:
-    """Messages a destination took, handed out and had acked (None: it does not say)."""
-    if isinstance(dest, Topic):
-        return dest.received, dest.delivered, dest.acked
-    if isinstance(dest, LogDestination):
-        return dest.tail, dest.delivered, dest.acked
-    if isinstance(dest, PartitionedLog):
-        parts = dest.parts
-        return (
-            sum(p.tail for p in parts),
-            sum(p.delivered for p in parts),
-            sum(p.acked for p in parts),
+def _group_rows(figures: DestinationFigures) -> Iterator[_Row]:
+    """Each group's row, from a destination's figures."""
+    for g in figures.groups:
+        yield g.name, g.backlog, g.backlog_bytes, g.fill, g.members, g.unacked
+
+
+class _DestinationFamilies:
+    """The per-destination and per-group families of one scrape, filled destination
+    by destination."""
+
+    def __init__(self) -> None:
+        dl, gl = ["destination"], ["destination", "group"]
+        self.put = CounterMetricFamily(
+            "interchange_destination_messages_in",
+            "Messages a destination took (stored, or discarded by a topic without groups).",
+            labels=dl,
         )
-    return None
+        self.out = CounterMetricFamily(
+            "interchange_destination_messages_out",
+            "Deliveries a destination handed to subscribers (redeliveries included).",
+            labels=dl,
+        )
+        self.acked = CounterMetricFamily(
+            "interchange_destination_messages_acked",
+            "Deliveries subscribers acked (or answered).",
+            labels=dl,
+        )
+        self.discarded = CounterMetricFamily(
+            "interchange_destination_messages_discarded",
+            "Messages published to a topic while no group subscribed to it.",
+            labels=dl,
+        )
+        self.backlog = GaugeMetricFamily(
+            "interchange_destination_backlog_messages",
+            "Messages a group has not acked yet (queued plus delivered and unacked; a log:"
+            " from its committed position to the tail).",
+            labels=gl,
+        )
+        self.backlog_bytes = GaugeMetricFamily(
+            "interchange_destination_backlog_bytes",
+            "Bytes of the group's backlog, as charged to its buffer.",
+            labels=gl,
+        )
+        self.fill = GaugeMetricFamily(
+            "interchange_destination_buffer_fill_ratio",
+            "How full the group's buffer is (the larger of bytes and messages); at 1"
+            " publishers wait (a drop_oldest log evicts).",
+            labels=gl,
+        )
+        self.subscribers = GaugeMetricFamily(
+            "interchange_group_subscribers", "Subscribers in the group now.", labels=gl
+        )
+        self.unacked = GaugeMetricFamily(
+            "interchange_group_unacked_messages",
+            "Deliveries the group's subscribers hold unacked.",
+            labels=gl,
+        )
+
+    def add(self, name: str, figures: DestinationFigures, groups: Iterable[_Row]) -> None:
+        """One destination: its counts, its own store (group ``""``), then ``groups``."""
+        self.put.add_metric([name], figures.received)
+        self.out.add_metric([name], figures.delivered)
+        self.acked.add_metric([name], figures.acked)
+        if figures.discarded is not None:
+            self.discarded.add_metric([name], figures.discarded)
+        own: _Row = ("", figures.kept, figures.kept_bytes, figures.kept_fill, None, 0)
+        for group, held, nbytes, ratio, members, held_unacked in (own, *groups):
+            labels = [name, group]
+            self.backlog.add_metric(labels, held)
+            if nbytes is not None:
+                self.backlog_bytes.add_metric(labels, nbytes)
+            if ratio is not None:
+                self.fill.add_metric(labels, ratio)
+            if members is not None:
+                self.subscribers.add_metric(labels, members)
+                self.unacked.add_metric(labels, held_unacked)
+
+    def all(self) -> tuple[Metric, ...]:
+        return (
+            self.put,
+            self.out,
+            self.acked,
+            self.discarded,
+            self.backlog,
+            self.backlog_bytes,
+            self.fill,
+            self.subscribers,
+            self.unacked,
+        )

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from gateway.core.reasons import Reason
 from gateway.core.receipts import Receipt
 
 __all__ = ["Answer", "AnswerFn", "Answers"]
@@ -130,8 +131,9 @@ class Answers:
         self._settled.append((entry.answer, receipt))
         self._wake()
 
-    def abandon(self, reason: str) -> int:
-        """The peer is gone: settle every handed-off receipt as failed with ``reason``.
+    def abandon(self, reason: str, code: Reason = Reason.ABANDONED) -> int:
+        """The peer is gone: settle every handed-off receipt as failed with ``reason``
+        (for humans) and ``code``.
 
         Returns how many answers were owed. Nothing should be written after
         this: the answers become ready, as failures, only so that the work's
@@ -141,5 +143,5 @@ class Answers:
         entries = list(self._queue if self.ordered else self._handed)
         for entry in entries:
             if entry.receipt is not None and not entry.receipt.done():
-                entry.receipt.expire(reason)
+                entry.receipt.expire(reason, code)
         return owed
