@@ -22,6 +22,7 @@ import trio
 from harness import Task, host_port, running_gateway, settle, start
 from interchange_ndjson.client import NdjsonClient
 from interchange_ndjson.events import Deliver, Replied
+from waits import subscribed
 
 from gateway.runtime.gateway import Gateway
 from protocols.lumberjack.client import LumberjackClient
@@ -62,19 +63,6 @@ async def ndjson(gw: Gateway) -> AsyncIterator[NdjsonClient]:
 async def ttrpc(gw: Gateway) -> AsyncIterator[Client]:
     async with open_client(gw.addresses["rpc"][0]) as c:
         yield c
-
-
-async def joined(gw: Gateway, destination: str, members: int = 1) -> None:
-    """Wait until ``destination`` has ``members`` subscribers (over every group).
-
-    Subscribing answers nothing in ndjson nor in ttrpc: the hub is the only witness.
-    """
-    with trio.fail_after(DEADLINE):
-        while True:
-            groups: dict[str, dict[str, Any]] = gw.hub.destination(destination).stats()["groups"]
-            if sum(g["members"] for g in groups.values()) >= members:
-                return
-            await trio.sleep(0.01)
 
 
 async def still_pending(task: Task) -> bool:
@@ -146,7 +134,7 @@ async def consuming(
     async with client.stream(SERVICE, "Consume", CallKind.BIDI) as stream:
         subscribe = pb.SubscribeRequest(destination=destination, group=group)
         await stream.send(consume_request(credit, subscribe=subscribe))
-        await joined(gw, destination)
+        await subscribed(gw, destination)
         yield stream
 
 
@@ -167,7 +155,7 @@ async def test_a_ttrpc_publish_reaches_an_ndjson_subscriber_and_waits_for_its_ac
         ttrpc(gw) as publisher,
     ):
         await subscriber.subscribe("events", "readers")
-        await joined(gw, "events")
+        await subscribed(gw, "events")
         pending = start(
             nursery,
             lambda: publish(
@@ -275,7 +263,7 @@ async def test_ndjson_and_lumberjack_publishers_reach_a_ttrpc_subscribe_stream(
     async with running_gateway(config(tmp_path)) as gw, ttrpc(gw) as subscriber:
         request = pb.SubscribeRequest(destination="feed").SerializeToString()
         async with subscriber.stream(SERVICE, "Subscribe", CallKind.SERVER_STREAMING, request) as s:
-            await joined(gw, "feed")
+            await subscribed(gw, "feed")
             async with ndjson(gw) as nd:
                 with trio.fail_after(DEADLINE):
                     first = await nd.publish(
@@ -378,7 +366,7 @@ async def test_a_ttrpc_call_is_answered_by_an_ndjson_subscriber_s_reply(tmp_path
         ttrpc(gw) as caller,
     ):
         await service.subscribe("svc.upper", "svc")
-        await joined(gw, "svc.upper")
+        await subscribed(gw, "svc.upper")
         seen: list[Deliver] = []
 
         async def serve() -> None:
