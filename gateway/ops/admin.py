@@ -8,7 +8,7 @@ endpoint (keep-alive, an idle timeout per request, a connection cap answered
 * ``GET /readyz``: ``200`` when every listener is bound and every upstream is
   connected (and the gateway is not draining), else ``503``; the body is JSON,
   ``{"ready": …, "reasons": […]}``;
-* ``GET /api/status``: :func:`gateway.ops.status.snapshot` as JSON;
+* ``GET /api/status``: :func:`gateway.ops.status.status` as JSON;
 * ``POST /api/reload``: re-read the config file and apply it
   (:func:`gateway.ops.reload.reload_file`); the JSON answer says what changed or
   why the running config stays;
@@ -20,6 +20,11 @@ endpoint (keep-alive, an idle timeout per request, a connection cap answered
 Any other path is 404 and any other method 405. The endpoint is plain HTTP
 without authentication and a tap shows message bodies: keep it on loopback or
 a private network.
+
+The endpoint never holds the running gateway: it reaches it through an
+:class:`Admin`, three narrow interfaces (a view whose snapshots it reads, a
+reload it asks for, taps it opens), which a control plane serving the
+status of gateways in other processes could provide as well.
 """
 
 from __future__ import annotations
@@ -27,22 +32,22 @@ from __future__ import annotations
 import functools
 import logging
 import urllib.parse
+from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import orjson
 import trio
 
 from gateway.ops.http_server import Response, Write, refusal, serve_http
-from gateway.ops.reload import ReloadRefused, reload_file
-from gateway.ops.status import StatusTracker, readiness, snapshot
+from gateway.ops.metrics import Metrics
+from gateway.ops.reload import Reloadable, ReloadRefused, reload_file
+from gateway.ops.status import StatusTracker, readiness, status
+from gateway.ops.tap import Tappable, tap_filter
 from gateway.ops.tap import stream as stream_tap
-from gateway.ops.tap import tap_filter
+from gateway.ops.view import GatewayView
 
-if TYPE_CHECKING:
-    from gateway.runtime.gateway import Gateway
-
-__all__ = ["Response", "route", "serve_admin"]
+__all__ = ["Admin", "Response", "route", "serve_admin"]
 
 log = logging.getLogger("gateway.admin")
 
@@ -69,9 +74,18 @@ _SECURITY = [
 ]
 
 
-def _json(status: int, data: object) -> Response:
+@dataclass(frozen=True)
+class Admin:
+    """What the admin endpoint reaches: a view to read, a reload to ask for, taps to open."""
+
+    view: GatewayView
+    reloader: Reloadable
+    taps: Tappable
+
+
+def _json(code: int, data: object) -> Response:
     return Response(
-        status,
+        code,
         orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS) + b"\n",
         _JSON,
         [(b"cache-control", b"no-store")],
@@ -100,24 +114,24 @@ def _static(name: str) -> Response:
     return Response(200, body, content_type, [(b"cache-control", b"no-cache")])
 
 
-def route(gateway: Gateway, tracker: StatusTracker | None, method: str, target: str) -> Response:
+def route(admin: Admin, tracker: StatusTracker | None, method: str, target: str) -> Response:
     """The response to ``method target`` (GET or HEAD; POST /api/reload), without any I/O."""
     path, _, query = target.partition("?")
     if path == "/api/reload":
         if method != "POST":
             return Response(405, b"POST to reload\n", headers=[(b"allow", b"POST")])
-        return _reload(gateway)
+        return _reload(admin.reloader)
     if method not in ("GET", "HEAD"):
         return Response(405, b"method not allowed\n", headers=[(b"allow", b"GET, HEAD")])
     if path == "/healthz":
         return Response(200, b"ok\n", headers=[(b"cache-control", b"no-store")])
     if path == "/readyz":
-        reasons = readiness(gateway)
+        reasons = readiness(admin.view.snapshot())
         return _json(503 if reasons else 200, {"ready": not reasons, "reasons": reasons})
     if path == "/api/status":
-        return _json(200, snapshot(gateway, tracker))
+        return _json(200, status(admin.view.snapshot(), tracker))
     if path == "/api/tap":
-        return _tap(gateway, urllib.parse.parse_qs(query))
+        return _tap(admin.taps, urllib.parse.parse_qs(query))
     if path in ("/", "/index.html"):
         return _static("status.html")
     if path.startswith("/static/"):
@@ -125,12 +139,12 @@ def route(gateway: Gateway, tracker: StatusTracker | None, method: str, target: 
     return Response(404, b"not found: try /, /api/status, /healthz or /readyz\n")
 
 
-def _reload(gateway: Gateway) -> Response:
+def _reload(reloader: Reloadable) -> Response:
     """Re-read the config file and apply it; the body says what changed or why not."""
 
     async def run(write: Write) -> None:
         try:
-            summary = await reload_file(gateway)
+            summary = await reload_file(reloader)
         except ReloadRefused as e:
             await write(orjson.dumps({"reloaded": False, "error": str(e)}) + b"\n")
         else:
@@ -139,7 +153,7 @@ def _reload(gateway: Gateway) -> Response:
     return Response(200, content_type=_JSON, stream=run)
 
 
-def _tap(gateway: Gateway, query: dict[str, list[str]]) -> Response:
+def _tap(taps: Tappable, query: dict[str, list[str]]) -> Response:
     pattern = query.get("dest", [""])[0]
     fmt = query.get("format", ["json"])[0]
     if not pattern:
@@ -153,20 +167,21 @@ def _tap(gateway: Gateway, query: dict[str, list[str]]) -> Response:
     kind: Literal["json", "pretty"] = "json" if fmt == "json" else "pretty"
 
     async def run(write: Write) -> None:
-        tap = gateway.hub.tap(pattern, filter)
+        tap = taps.tap(pattern, filter)
         try:
             await stream_tap(tap, write, kind)
         finally:
-            gateway.hub.untap(tap)
+            taps.untap(tap)
 
     content_type = "application/x-ndjson" if kind == "json" else _TEXT
     return Response(200, content_type=content_type, stream=run)
 
 
 async def serve_admin(
-    gateway: Gateway,
+    admin: Admin,
     listeners: list[trio.SocketListener],
     *,
+    metrics: Metrics,
     max_connections: int = 16,
     idle_timeout: float = 10.0,
     tracker: StatusTracker | None = None,
@@ -177,13 +192,13 @@ async def serve_admin(
     one for as long as it runs); each must send every request within
     ``idle_timeout`` seconds of the previous response (of connecting).
     """
-    tracker = tracker or StatusTracker(gateway)
-    tracker.sample()  # a baseline: the first snapshot has rates since the start
+    tracker = tracker or StatusTracker(admin.view)
+    tracker.sample()  # a baseline: the first status has rates since the start
     await serve_http(
         listeners,
-        functools.partial(route, gateway, tracker),
+        functools.partial(route, admin, tracker),
         name=NAME,
-        metrics=gateway.metrics,
+        metrics=metrics,
         log=log,
         refused_with=_REFUSAL,
         max_connections=max_connections,

@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
-from gateway.config.loader import Config, ConfigError, load
+from gateway.config.loader import Config, ConfigError
 from gateway.protocol.plugin import ListenerSettings, UpstreamSettings
 
-if TYPE_CHECKING:
-    from gateway.runtime.gateway import Gateway
-
-__all__ = ["Plan", "ReloadRefused", "plan", "reload_file"]
+__all__ = ["Plan", "ReloadRefused", "Reloadable", "plan", "reload_file"]
 
 
 class ReloadRefused(Exception):
@@ -147,7 +145,32 @@ def _admin(config: Config) -> tuple[Any, ...]:
     )
 
 
-async def reload_file(gateway: Gateway) -> str:
+class Reloadable(Protocol):
+    """What a reload acts on: the running config's file, how to read one, how to apply it.
+
+    The runtime's :class:`~gateway.runtime.gateway.Gateway` is one. A control
+    plane that runs the gateway in other processes would read the file once
+    and send the checked :class:`Config` to each of them.
+    """
+
+    @property
+    def config_path(self) -> Path | None:
+        """The file the running config came from (None: the embedded default)."""
+        ...
+
+    def read_config(self, path: Path) -> Config:
+        """Read and check ``path`` with the plugins the running gateway knows.
+
+        Raises :class:`~gateway.config.loader.ConfigError` or ``OSError``.
+        """
+        ...
+
+    async def reload(self, config: Config) -> Plan:
+        """Apply ``config``; :class:`ReloadRefused` (and nothing changed) if it cannot."""
+        ...
+
+
+async def reload_file(target: Reloadable) -> str:
     """Re-read the running gateway's config file, check it, apply it; what changed.
 
     Raises :class:`ReloadRefused` with the reason: no file (the embedded
@@ -155,13 +178,13 @@ async def reload_file(gateway: Gateway) -> str:
     and the file), or a change that needs a restart. The running config
     stays in every one of these cases.
     """
-    path = gateway.config.path
+    path = target.config_path
     if path is None:
         raise ReloadRefused("running the embedded default config: there is no file to re-read")
     try:
-        config = load(path, registry=gateway.registry)
+        config = target.read_config(path)
     except ConfigError as e:
         raise ReloadRefused(f"{path} has errors; keeping the running config:\n{e}") from e
     except OSError as e:
         raise ReloadRefused(f"cannot read {path}: {e}") from e
-    return (await gateway.reload(config)).summary()
+    return (await target.reload(config)).summary()

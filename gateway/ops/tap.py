@@ -17,14 +17,14 @@ import fnmatch
 import json
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import trio
 
 from gateway.core.filters import Filter
 from gateway.core.model import Message
 
-__all__ = ["Tap", "TapEvent", "render", "stream", "tap_filter"]
+__all__ = ["Tap", "TapEvent", "Tappable", "render", "stream", "tap_filter"]
 
 #: Messages and bytes a tap keeps for its reader before it drops.
 MAX_QUEUED = 10_000
@@ -113,6 +113,18 @@ class Tap:
         self._queue.clear()
         self._queued_bytes = 0
         self._arrived.unpark_all()
+
+
+class Tappable(Protocol):
+    """Where taps are opened and closed (the hub): all the admin API's tap needs."""
+
+    def tap(self, pattern: str, filter: Filter | None = None) -> Tap:
+        """A tap on the destinations matching ``pattern``."""
+        ...
+
+    def untap(self, tap: Tap) -> None:
+        """Close ``tap``; it sees nothing more."""
+        ...
 
 
 def render(event: TapEvent, fmt: Literal["json", "pretty"] = "json") -> str:
