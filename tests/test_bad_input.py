@@ -4,7 +4,7 @@ crash, and the listener keeps serving everyone else."""
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -13,10 +13,10 @@ import pytest
 import trio
 from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
+from waits import subscribed
 
 from gateway.config.certs import init_dir
-
-Connect = Callable[[], Awaitable[trio.abc.Stream]]
+from gateway.runtime.gateway import Gateway
 
 
 @pytest.fixture(scope="module")
@@ -39,20 +39,29 @@ async def gateway_on(
     if transport == "tls":
         listener["tls"] = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"])}
     async with running_gateway({"listeners": [listener]}) as gw:
-        address = gw.addresses["nd"][0]
+        yield Connect(gw, transport, certs)
 
-        async def connect() -> trio.abc.Stream:
-            if transport == "unix":
-                return await trio.open_unix_socket(str(tmp_path / "gw.sock"))
-            tcp = await trio.open_tcp_stream(*host_port(address))
-            if transport == "tcp":
-                return tcp
-            ctx = ssl.create_default_context(cafile=str(certs["ca_cert"]))
-            stream = trio.SSLStream(tcp, ctx, server_hostname="localhost")
-            await stream.do_handshake()
-            return stream
 
-        yield connect
+class Connect:
+    """``await connect()`` opens a connection to the gateway's listener over one
+    transport; ``connect.gateway`` is the gateway, to look at its hub."""
+
+    def __init__(self, gateway: Gateway, transport: str, certs: dict[str, Path]) -> None:
+        self.gateway = gateway
+        self.transport = transport
+        self.certs = certs
+
+    async def __call__(self) -> trio.abc.Stream:
+        address = self.gateway.addresses["nd"][0]
+        if self.transport == "unix":
+            return await trio.open_unix_socket(address.removeprefix("unix:"))
+        tcp = await trio.open_tcp_stream(*host_port(address))
+        if self.transport == "tcp":
+            return tcp
+        ctx = ssl.create_default_context(cafile=str(self.certs["ca_cert"]))
+        stream = trio.SSLStream(tcp, ctx, server_hostname="localhost")
+        await stream.do_handshake()
+        return stream
 
 
 async def read_to_close(stream: trio.abc.Stream) -> bytes:
@@ -69,7 +78,7 @@ async def read_to_close(stream: trio.abc.Stream) -> bytes:
 async def still_serves(connect: Connect) -> None:
     sub = NdjsonClient(await connect())
     await sub.subscribe("logs")
-    await trio.sleep(0.05)
+    await subscribed(connect.gateway, "logs")
     pub = NdjsonClient(await connect())
     [ident] = await pub.publish_nowait([b"after the bad client"])
     delivery = await sub.receive()
