@@ -21,8 +21,8 @@ from harness import host_port, running_gateway
 from gateway.ops.loglines import MAX_MESSAGE
 from gateway.ops.logsetup import setup_logging
 from gateway.protocol import NEED_DATA, ConnectionClosed
-from protocols.segment.codec import ClientConnection
-from protocols.segment.commands import Hello, SetupAppend
+from protocols.segment.codec import ClientCodec
+from protocols.segment.events import Hello, SetupAppend
 
 CONNECTIONS = 50
 
@@ -44,7 +44,7 @@ def gateway_log() -> Iterator[io.StringIO]:
 async def ask_for_a_long_name(address: str, name: str) -> list[object]:
     """Hello and SetupAppend for ``name``; the server's answers until it closes."""
     host, port = host_port(address)
-    codec = ClientConnection()
+    codec = ClientCodec()
     answers: list[object] = []
     async with await trio.open_tcp_stream(host, port) as stream:
         await stream.send_all(codec.send(Hello()) + codec.send(SetupAppend(1, uuid.uuid4(), name)))

@@ -1,37 +1,38 @@
 """Segment append (the Pravega segment-store wire protocol) for Interchange.
 
-The sans-IO codec imports no I/O library: the commands are frozen
-dataclasses (:mod:`.commands`), one command's bytes are encoded and decoded
-by :mod:`.frames` (strings in Java's modified UTF-8, :mod:`.mutf8`), append
-blocks are cut and put back together by :mod:`.blocks`, and
-:mod:`.codec` holds the connection state machines of both roles. It speaks
-the protocol toolkit's vocabulary (:data:`NEED_DATA`,
-:class:`ConnectionClosed`, re-exported here).
+The sans-IO codec imports no I/O library: its events are the wire commands,
+frozen dataclasses (:mod:`.events`), one command's bytes are encoded and
+decoded by :mod:`.frames` (strings in Java's modified UTF-8, :mod:`.mutf8`),
+append blocks are cut and put back together by :mod:`.blocks`, and
+:mod:`.codec` holds the codecs of both roles, :class:`ServerCodec` and
+:class:`ClientCodec`. It speaks the protocol toolkit's vocabulary
+(:data:`NEED_DATA`, :class:`ConnectionClosed`, :class:`CodecState`,
+re-exported here).
 """
 
 from gateway.sdk import NEED_DATA, ConnectionClosed
 
-from .blocks import Append, BlockWriter
+from .blocks import BlockWriter
 from .codec import (
-    ClientConnection,
-    ClientEvent,
+    ClientCodec,
+    CodecState,
     EventReassembler,
     Limits,
     SegmentProtocolError,
-    ServerConnection,
-    ServerEvent,
-    State,
+    ServerCodec,
 )
-from .commands import (
+from .events import (
     MAX_EVENT_PAYLOAD,
     MAX_WIRECOMMAND_SIZE,
     NULL_EVENT_NUMBER,
     OLDEST_COMPATIBLE_VERSION,
     WIRE_VERSION,
+    Append,
     AppendBlock,
     AppendBlockEnd,
     AppendSetup,
     AuthTokenCheckFailed,
+    ClientEvent,
     Command,
     CommandType,
     DataAppended,
@@ -49,6 +50,7 @@ from .commands import (
     SegmentIsSealed,
     SegmentIsTruncated,
     SegmentRead,
+    ServerEvent,
     SetupAppend,
     WrongHost,
 )
@@ -67,8 +69,9 @@ __all__ = [
     "AppendSetup",
     "AuthTokenCheckFailed",
     "BlockWriter",
-    "ClientConnection",
+    "ClientCodec",
     "ClientEvent",
+    "CodecState",
     "Command",
     "CommandType",
     "ConnectionClosed",
@@ -90,10 +93,9 @@ __all__ = [
     "SegmentIsTruncated",
     "SegmentProtocolError",
     "SegmentRead",
-    "ServerConnection",
+    "ServerCodec",
     "ServerEvent",
     "SetupAppend",
-    "State",
     "WrongHost",
     "decode_command",
     "encode",

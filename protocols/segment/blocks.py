@@ -20,21 +20,20 @@ it on the wire, and an ``AppendBlockEnd`` closes it:
 :func:`assemble` check a received block and its end (the checks Pravega's
 segment store makes on a block) and rebuild the events' bytes
 ``block[:sizeOfWholeEvents] ‖ partial ‖ end.data``, which must be exactly
-``numEvents`` event frames; the server connection returns them as one
-:class:`Append`.
+``numEvents`` event frames; the server codec returns them as one
+:class:`~.events.Append`.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Final, NamedTuple
 from uuid import UUID
 
 from gateway.sdk import LocalProtocolError, RemoteProtocolError
 
-from .commands import (
+from .events import (
     MAX_EVENT_PAYLOAD,
     MAX_WIRECOMMAND_SIZE,
     AppendBlockEnd,
@@ -42,7 +41,7 @@ from .commands import (
 )
 from .frames import HEADER, count_events, encode, type_name
 
-__all__ = ["Append", "BlockEnd", "BlockWriter", "assemble", "read_block_end"]
+__all__ = ["BlockEnd", "BlockWriter", "assemble", "read_block_end"]
 
 #: The fixed fields of an ``AppendBlockEnd`` around its data: writer id,
 #: ``sizeOfWholeEvents`` and ``dataLength`` before it, ``numEvents`` and
@@ -57,26 +56,6 @@ _WRITER: Final = 16
 _APPEND_BLOCK: Final = int(CommandType.APPEND_BLOCK)
 _PARTIAL: Final = int(CommandType.PARTIAL_EVENT)
 _PADDING: Final = int(CommandType.PADDING)
-
-
-@dataclass(frozen=True, slots=True)
-class Append:
-    """One append block received whole and checked: ``event_count`` events of a writer.
-
-    Answer it with ``DataAppended`` once its data is stored
-    (:meth:`~protocols.segment.ServerConnection.acknowledge`).
-    """
-
-    writer_id: UUID
-    #: The block end's request id (-1 from a peer too old to send one).
-    request_id: int
-    #: The events' frames, ``[0][len][payload]`` each: what the segment stores.
-    data: bytes
-    event_count: int
-    #: The number of the block's last event; its first is ``last - count + 1``.
-    last_event_number: int
-    #: The segment the writer was set up for.
-    segment: str
 
 
 class BlockWriter:
@@ -117,15 +96,7 @@ class BlockWriter:
         and consecutive events that are not smaller share one unbatched block.
         A batched block may stay open after the call.
         """
-        if not 0 <= block_size <= self.max_command - _WRITER - 8:
-            raise LocalProtocolError(
-                f"block size {block_size} outside 0..{self.max_command - _WRITER - 8}"
-            )
-        for payload in payloads:
-            if len(payload) > MAX_EVENT_PAYLOAD:
-                raise LocalProtocolError(
-                    f"event of {len(payload)} bytes exceeds {MAX_EVENT_PAYLOAD} bytes"
-                )
+        self._check(payloads, block_size)
         out: list[bytes] = []
         put = out.append
         if self._writer is not None and self._writer != writer_id:
@@ -135,8 +106,7 @@ class BlockWriter:
         # The open batched block, in locals for the loop (written back at the end).
         is_open = self._writer is not None
         left, count, last = self._left, self._count, self._last
-        run: list[bytes] = []  # event frames of an unbatched block being gathered
-        run_bytes = run_count = 0
+        run = _Run(self, writer_id)  # the events of an unbatched block being gathered
         number = last_event_number - len(payloads)
         for payload in payloads:
             number += 1
@@ -151,39 +121,51 @@ class BlockWriter:
                     last = number
                     continue
                 # The event does not fit (or fits exactly): a partial event fills the block.
-                frame = header(0, length) + payload
-                put(header(_PARTIAL, left))
-                put(frame[:left])
-                put(self._end(writer_id, self._size - left, frame[left:], count + 1, number))
+                out += self._fill(writer_id, left, count + 1, number, header(0, length) + payload)
                 is_open = False
-                continue
-            if block_size > size:
-                if run:
-                    put(self._unbatched(writer_id, run, run_bytes, run_count, number - 1))
-                    run = []
-                    run_bytes = run_count = 0
-                put(header(_APPEND_BLOCK, _WRITER + block_size + 8) + writer_id.bytes)
-                put(header(0, length))
-                put(payload)
+            elif block_size > size:
+                run.flush(out, number - 1)
+                out += self._start(writer_id, block_size, payload)
                 is_open = True
-                self._size = block_size
-                left = block_size - size
-                count = 1
-                last = number
-                continue
-            if run and _WRITER + run_bytes + size > self.max_command:
-                put(self._unbatched(writer_id, run, run_bytes, run_count, number - 1))
-                run = []
-                run_bytes = run_count = 0
-            run.append(header(0, length))
-            run.append(payload)
-            run_bytes += size
-            run_count += 1
-        if run:
-            put(self._unbatched(writer_id, run, run_bytes, run_count, number))
+                left, count, last = block_size - size, 1, number
+            else:
+                run.add(out, payload, number)
+        run.flush(out, number)
         self._writer = writer_id if is_open else None
         self._left, self._count, self._last = left, count, last
         return b"".join(out)
+
+    def _check(self, payloads: Sequence[bytes], block_size: int) -> None:
+        """Refuse a block size or an event this writer cannot send."""
+        if not 0 <= block_size <= self.max_command - _WRITER - 8:
+            raise LocalProtocolError(
+                f"block size {block_size} outside 0..{self.max_command - _WRITER - 8}"
+            )
+        for payload in payloads:
+            if len(payload) > MAX_EVENT_PAYLOAD:
+                raise LocalProtocolError(
+                    f"event of {len(payload)} bytes exceeds {MAX_EVENT_PAYLOAD} bytes"
+                )
+
+    def _start(self, writer_id: UUID, block_size: int, payload: bytes) -> tuple[bytes, ...]:
+        """A batched block of ``block_size`` opens with its first event."""
+        self._size = block_size
+        return (
+            HEADER.pack(_APPEND_BLOCK, _WRITER + block_size + 8) + writer_id.bytes,
+            HEADER.pack(0, len(payload)),
+            payload,
+        )
+
+    def _fill(
+        self, writer_id: UUID, left: int, count: int, number: int, frame: bytes
+    ) -> tuple[bytes, ...]:
+        """The open block's last ``left`` bytes take the start of ``frame`` as a
+        ``PartialEvent``; its end carries the rest, ``count`` events up to ``number``."""
+        return (
+            HEADER.pack(_PARTIAL, left),
+            frame[:left],
+            self._end(writer_id, self._size - left, frame[left:], count, number),
+        )
 
     def close(self) -> bytes:
         """Close the open batched block with ``Padding`` and its end (``b""`` if none)."""
@@ -209,6 +191,36 @@ class BlockWriter:
 
     def _end(self, writer_id: UUID, whole: int, data: bytes, count: int, last: int) -> bytes:
         return encode(AppendBlockEnd(writer_id, whole, data, count, last, self._request_id))
+
+
+class _Run:
+    """The event frames of one unbatched block being gathered by :meth:`BlockWriter.write`."""
+
+    __slots__ = ("blocks", "count", "frames", "size", "writer_id")
+
+    def __init__(self, blocks: BlockWriter, writer_id: UUID) -> None:
+        self.blocks = blocks
+        self.writer_id = writer_id
+        self.frames: list[bytes] = []
+        self.size = self.count = 0
+
+    def add(self, out: list[bytes], payload: bytes, number: int) -> None:
+        """Gather event ``number``; a block that would pass the command size goes first."""
+        size = 8 + len(payload)
+        if self.frames and _WRITER + self.size + size > self.blocks.max_command:
+            self.flush(out, number - 1)
+        self.frames += (HEADER.pack(0, len(payload)), payload)
+        self.size += size
+        self.count += 1
+
+    def flush(self, out: list[bytes], last: int) -> None:
+        """The gathered events, up to event ``last``, as one block (if any)."""
+        if self.frames:
+            out.append(
+                self.blocks._unbatched(self.writer_id, self.frames, self.size, self.count, last)
+            )
+            self.frames = []
+            self.size = self.count = 0
 
 
 class BlockEnd(NamedTuple):

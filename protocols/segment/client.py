@@ -52,9 +52,9 @@ from gateway.sdk import (
     first_leaf,
 )
 
-from .codec import ClientConnection
+from .codec import ClientCodec
 from .codec import EventReassembler as Reassembler
-from .commands import (
+from .events import (
     MAX_EVENT_PAYLOAD,
     AppendSetup,
     AuthTokenCheckFailed,
@@ -540,7 +540,7 @@ class WriterSettings:
 class AppendSession(Session):
     """One connection of an :class:`Appender`: setups, blocks out, acks in."""
 
-    codec: ClientConnection
+    codec: ClientCodec
 
     def __init__(
         self,
@@ -552,7 +552,7 @@ class AppendSession(Session):
     ) -> None:
         super().__init__(
             stream,
-            ClientConnection(block_size=settings.block_size),
+            ClientCodec(block_size=settings.block_size),
             log=logger,
             write_timeout=settings.timeout,
         )
@@ -960,7 +960,7 @@ class SegmentReader:
         #: Seconds a request may wait for its reply (a server holds a read at the
         #: tail for its ``read_wait``, 10 s on a gateway).
         self.timeout = timeout
-        self.codec = ClientConnection()
+        self.codec = ClientCodec()
         self._ids = itertools.count(1)
         self._hello_sent = False
         self._busy = False

@@ -1,17 +1,19 @@
-"""The segment-append connection state machines: bytes in, checked events out; no I/O.
+"""The segment-append codecs: bytes in, checked events out; no I/O.
 
-:class:`ServerConnection` is the segment-store side, :class:`ClientConnection`
-the appender/reader side. Both work as h11 does: feed received bytes with
-``receive_data`` (``b""`` means the peer closed), call ``next_event`` until
-it returns :data:`~gateway.protocol.NEED_DATA` (or a
+:class:`ServerCodec` is the segment-store side, :class:`ClientCodec` the
+appender/reader side. Both stand on the toolkit's
+:class:`~gateway.protocol.lifecycle.Lifecycle` and work as h11 does: feed
+received bytes with ``receive_data`` (``b""`` means the peer closed), call
+``next_event`` until it returns :data:`~gateway.protocol.NEED_DATA` (or a
 :class:`~gateway.protocol.ConnectionClosed` once the peer closed and every
-event before it was returned), and turn commands into bytes with ``send``,
-which refuses with :class:`~gateway.core.errors.LocalProtocolError` what the
-connection's state does not allow.
+event before it was returned, then every time), and turn commands into bytes
+with ``send``, which refuses with
+:class:`~gateway.core.errors.LocalProtocolError` what the connection's state
+does not allow.
 
 The server reassembles append blocks itself: an ``AppendBlock`` and the
 ``AppendBlockEnd`` that must follow it become one
-:class:`~protocols.segment.blocks.Append` once both are received whole and
+:class:`~protocols.segment.events.Append` once both are received whole and
 every rule is checked (see :mod:`.blocks`); nothing of a block that is not
 whole or not valid is ever returned. It keeps, per writer, the last event
 number it received and the last it acknowledged, starting from what its own
@@ -22,9 +24,10 @@ A peer breaking the protocol raises :class:`SegmentProtocolError`, whose
 ``reply`` is the command to send before closing (server side:
 ``InvalidEventNumber`` for a stale event number, ``Hello(17, 5)`` for a
 client whose version range is incompatible, ``ErrorMessage`` for anything
-else; client side: none). The connection is then in :attr:`State.ERROR`:
-nothing more is parsed and every writer is forgotten, so a client has to
-set up again on a new connection.
+else; client side: none). The codec is then in
+:attr:`~gateway.protocol.lifecycle.CodecState.ERROR` for good: nothing more
+is parsed and every writer is forgotten, so a client has to set up again on
+a new connection.
 
 Parsing strategy: command headers are read with ``struct.unpack_from`` at an
 offset of the :class:`~gateway.protocol.ReceiveBuffer`; a command is
@@ -36,28 +39,30 @@ a header arrives, before the body is waited for.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, TypeAlias, cast
+from typing import Final, NoReturn, cast
 from uuid import UUID
 
 from gateway.sdk import (
     NEED_DATA,
+    CodecState,
     ConnectionClosed,
+    Lifecycle,
     LocalProtocolError,
     NeedData,
-    ReceiveBuffer,
     RemoteProtocolError,
 )
 
-from .blocks import Append, BlockWriter, assemble, read_block_end
-from .commands import (
+from .blocks import BlockWriter, assemble, read_block_end
+from .events import (
     MAX_EVENT_PAYLOAD,
     MAX_WIRECOMMAND_SIZE,
     NULL_EVENT_NUMBER,
+    Append,
     AppendSetup,
     AuthTokenCheckFailed,
+    ClientEvent,
     Command,
     CommandType,
     DataAppended,
@@ -72,41 +77,20 @@ from .commands import (
     SegmentIsSealed,
     SegmentIsTruncated,
     SegmentRead,
+    ServerEvent,
     SetupAppend,
     WrongHost,
 )
 from .frames import HEADER, decode, encode, type_name
 
 __all__ = [
-    "ClientConnection",
-    "ClientEvent",
+    "ClientCodec",
+    "CodecState",
     "EventReassembler",
     "Limits",
     "SegmentProtocolError",
-    "ServerConnection",
-    "ServerEvent",
-    "State",
+    "ServerCodec",
 ]
-
-#: What :meth:`ServerConnection.next_event` returns (besides NEED_DATA and ConnectionClosed).
-ServerEvent: TypeAlias = Hello | KeepAlive | SetupAppend | ReadSegment | Append
-#: What :meth:`ClientConnection.next_event` returns (besides NEED_DATA and ConnectionClosed).
-ClientEvent: TypeAlias = (
-    Hello
-    | KeepAlive
-    | AppendSetup
-    | DataAppended
-    | SegmentRead
-    | WrongHost
-    | SegmentIsSealed
-    | SegmentAlreadyExists
-    | NoSuchSegment
-    | InvalidEventNumber
-    | SegmentIsTruncated
-    | OperationUnsupported
-    | AuthTokenCheckFailed
-    | ErrorMessage
-)
 
 _T = CommandType
 #: What a client may send a server, and what a server may send a client.
@@ -131,17 +115,7 @@ _SERVER_SENDS: Final = frozenset(
 _IN_BLOCK_ONLY: Final = frozenset({_T.EVENT, _T.PARTIAL_EVENT, _T.PADDING})
 _MIN_I64: Final = -(2**63)
 _MAX_I64: Final = 2**63 - 1
-
-
-class State(enum.Enum):
-    """Where a connection stands (both roles)."""
-
-    #: Parsing; a command may be partly received.
-    OPEN = "open"
-    #: The peer closed its side and every event was returned.
-    CLOSED = "closed"
-    #: The peer broke the protocol; the connection must be closed.
-    ERROR = "error"
+_OPEN: Final = CodecState.OPEN
 
 
 class SegmentProtocolError(RemoteProtocolError):
@@ -212,37 +186,24 @@ class _Writer:
         return previous == self.acked or (_none(previous) and _none(self.acked))
 
 
-class _Connection:
-    """What both roles share: the buffer, the state, the parse loop."""
+class _SegmentCodec(Lifecycle):
+    """What both roles share: the lifecycle, the writers, the parse loop."""
 
     #: Types this role accepts from its peer.
     _accepts: frozenset[int]
     _peer = ""
 
     def __init__(self, limits: Limits | None) -> None:
+        super().__init__()
         self.limits = Limits() if limits is None else limits
-        self._state = State.OPEN
-        self._buffer = ReceiveBuffer()
         #: Bytes needed from the buffer's ``pos`` before parsing can make progress.
         self._need = 8
         self._writers: dict[bytes, _Writer] = {}
         #: Setup requests not answered yet, by writer id.
         self._pending: dict[bytes, SetupAppend] = {}
 
-    @property
-    def state(self) -> State:
-        return self._state
-
-    @property
-    def held_bytes(self) -> int:
-        """What the received bytes not yet returned as events (a partial command or
-        block) really take: the receive buffer's allocation, which the memory budget
-        charges (no event objects are built before a block is whole)."""
-        return self._buffer.allocated
-
-    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
-        """Add received bytes; ``b""`` means the peer closed its sending side."""
-        self._buffer.feed(data)
+    # (held_bytes is the lifecycle's: the receive buffer's allocation, as no event
+    # object is built before a command or a block is whole.)
 
     def _next(self) -> object:
         """The next event, :class:`ConnectionClosed`, or :data:`NEED_DATA`.
@@ -250,32 +211,26 @@ class _Connection:
         After the end of input, a partly received command or block is dropped
         and :class:`ConnectionClosed` is returned, every time.
         """
-        state = self._state
-        if state is State.ERROR:
-            raise LocalProtocolError("the connection is in the ERROR state")
-        if state is State.CLOSED:
-            return ConnectionClosed()
+        if self._state is not _OPEN:
+            return self._not_open()
         buf = self._buffer
         data = buf.data
         if len(data) - buf.pos >= self._need:
             try:
                 event = self._parse(data, buf.pos, len(data))
-            except SegmentProtocolError:
-                self._fail()
-                raise
+            except SegmentProtocolError as e:
+                self._fail(e)
             if event is not None:
                 return event
         if buf.eof:
-            self._state = State.CLOSED
-            buf.discard()
-            return ConnectionClosed()
+            return self._closed()
         return NEED_DATA
 
-    def _fail(self) -> None:
-        self._state = State.ERROR
-        self._buffer.discard()
+    def _fail(self, error: RemoteProtocolError | str) -> NoReturn:
+        """The peer broke the protocol: every writer is forgotten too."""
         self._writers.clear()
         self._pending.clear()
+        super()._fail(error)
 
     def _header(self, data: bytearray, pos: int) -> tuple[int, int]:
         """The type and length of the command at ``pos``, checked for this role."""
@@ -319,7 +274,7 @@ class _Connection:
         return event
 
     def _block(self, data: bytearray, pos: int, end: int, length: int) -> object | None:
-        """An ``AppendBlock`` (only a server accepts one: see ServerConnection)."""
+        """An ``AppendBlock`` (only a server accepts one: see ServerCodec)."""
         raise self._error(self._refusal(code=_T.APPEND_BLOCK))
 
     def _received(self, command: Command) -> object:
@@ -330,13 +285,13 @@ class _Connection:
         return SegmentProtocolError(message, reply)
 
 
-class ServerConnection(_Connection):
+class ServerCodec(_SegmentCodec):
     """The segment-store side of one connection.
 
-    Events: :class:`~.commands.Hello` (a compatible one: an incompatible
-    range raises with the reply ``Hello(17, 5)``), :class:`~.commands.KeepAlive`
-    (echo it), :class:`~.commands.SetupAppend`,
-    :class:`~.commands.ReadSegment`, :class:`~.blocks.Append`.
+    Events: :class:`~.events.Hello` (a compatible one: an incompatible
+    range raises with the reply ``Hello(17, 5)``), :class:`~.events.KeepAlive`
+    (echo it), :class:`~.events.SetupAppend`,
+    :class:`~.events.ReadSegment`, :class:`~.events.Append`.
 
     ::
 
@@ -454,7 +409,7 @@ class ServerConnection(_Connection):
         * ``AppendSetup`` answers a ``SetupAppend`` returned by :meth:`next_event`
           (same writer, segment and request id) and sets the writer up: its
           appends must be numbered above ``last_event_number``
-          (:data:`~.commands.NULL_EVENT_NUMBER`, or 0, for none);
+          (:data:`~.events.NULL_EVENT_NUMBER`, or 0, for none);
         * ``DataAppended`` for a set-up writer: its event number above the
           last one acknowledged and not above the last one received, and its
           ``previous_event_number`` the last one acknowledged (or what the
@@ -528,14 +483,14 @@ class ServerConnection(_Connection):
         )
 
 
-class ClientConnection(_Connection):
+class ClientCodec(_SegmentCodec):
     """The appender/reader side of one connection; several writers may share it.
 
-    Events: :class:`~.commands.Hello` (log an incompatible one),
-    :class:`~.commands.KeepAlive`, :class:`~.commands.AppendSetup` (the
+    Events: :class:`~.events.Hello` (log an incompatible one),
+    :class:`~.events.KeepAlive`, :class:`~.events.AppendSetup` (the
     writer may append events numbered above its ``last_event_number``;
-    resend those), :class:`~.commands.DataAppended` (checked: it acks the
-    writer's events up to ``event_number``), :class:`~.commands.SegmentRead`
+    resend those), :class:`~.events.DataAppended` (checked: it acks the
+    writer's events up to ``event_number``), :class:`~.events.SegmentRead`
     (:class:`EventReassembler` turns its data into events), and the error
     replies.
 
@@ -605,10 +560,9 @@ class ClientConnection(_Connection):
         the bytes returned): nothing may come between a block and its end.
         A ``SetupAppend`` is refused while the same writer's previous one is
         unanswered; once sent, the writer appends only after its
-        ``AppendSetup`` arrives.
+        ``AppendSetup`` arrives. Refused in ``ERROR``.
         """
-        if self._state is State.ERROR:
-            raise LocalProtocolError("the connection is in the ERROR state")
+        self._check_send(f"send {type(command).__name__}")
         if isinstance(command, SetupAppend):
             key = command.writer_id.bytes
             if key in self._pending:
@@ -642,9 +596,9 @@ class ClientConnection(_Connection):
         events stream into a batched block that may stay open: append more,
         or :meth:`close_block` when no more comes soon. The block end carries
         ``request_id`` (default: the writer's ``SetupAppend`` request id).
+        Refused in ``ERROR``.
         """
-        if self._state is State.ERROR:
-            raise LocalProtocolError("the connection is in the ERROR state")
+        self._check_send("append")
         writer = self._writers.get(writer_id.bytes)
         if writer is None:
             raise LocalProtocolError(f"writer {writer_id} is not set up (no AppendSetup yet)")

@@ -1,4 +1,9 @@
-"""The segment-append wire commands, one frozen dataclass each, with their type codes.
+"""The segment-append codec's events: the wire commands, one frozen dataclass each.
+
+Each command, with its type code, is an event the codecs return or send;
+:class:`Append` is the one a server codec makes of an append block and its
+end (see :mod:`.blocks`), and :data:`ServerEvent` / :data:`ClientEvent` say
+what each role's ``next_event`` returns.
 
 The layout is Pravega's segment-store wire protocol (``WireCommands.java``,
 wire version 17, oldest compatible 5: the specification's draft became
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import ClassVar, Final
+from typing import ClassVar, Final, TypeAlias
 from uuid import UUID
 
 __all__ = [
@@ -26,10 +31,12 @@ __all__ = [
     "NULL_EVENT_NUMBER",
     "OLDEST_COMPATIBLE_VERSION",
     "WIRE_VERSION",
+    "Append",
     "AppendBlock",
     "AppendBlockEnd",
     "AppendSetup",
     "AuthTokenCheckFailed",
+    "ClientEvent",
     "Command",
     "CommandType",
     "DataAppended",
@@ -47,6 +54,7 @@ __all__ = [
     "SegmentIsSealed",
     "SegmentIsTruncated",
     "SegmentRead",
+    "ServerEvent",
     "SetupAppend",
     "WrongHost",
 ]
@@ -330,3 +338,44 @@ class ErrorMessage(Command):
     segment: str
     message: str
     error_code: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """One append block received whole and checked: ``event_count`` events of a writer.
+
+    Answer it with ``DataAppended`` once its data is stored
+    (:meth:`~protocols.segment.ServerCodec.acknowledge`).
+    """
+
+    writer_id: UUID
+    #: The block end's request id (-1 from a peer too old to send one).
+    request_id: int
+    #: The events' frames, ``[0][len][payload]`` each: what the segment stores.
+    data: bytes
+    event_count: int
+    #: The number of the block's last event; its first is ``last - count + 1``.
+    last_event_number: int
+    #: The segment the writer was set up for.
+    segment: str
+
+
+#: What :meth:`ServerCodec.next_event` returns (besides NEED_DATA and ConnectionClosed).
+ServerEvent: TypeAlias = Hello | KeepAlive | SetupAppend | ReadSegment | Append
+#: What :meth:`ClientCodec.next_event` returns (besides NEED_DATA and ConnectionClosed).
+ClientEvent: TypeAlias = (
+    Hello
+    | KeepAlive
+    | AppendSetup
+    | DataAppended
+    | SegmentRead
+    | WrongHost
+    | SegmentIsSealed
+    | SegmentAlreadyExists
+    | NoSuchSegment
+    | InvalidEventNumber
+    | SegmentIsTruncated
+    | OperationUnsupported
+    | AuthTokenCheckFailed
+    | ErrorMessage
+)

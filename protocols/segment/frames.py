@@ -31,7 +31,7 @@ from uuid import UUID
 from gateway.sdk import LocalProtocolError, RemoteProtocolError
 
 from . import mutf8
-from .commands import (
+from .events import (
     MAX_WIRECOMMAND_SIZE,
     AppendBlock,
     AppendBlockEnd,
@@ -250,7 +250,7 @@ def encode(command: Command) -> bytes:
 
     Refused with :class:`~gateway.core.errors.LocalProtocolError`: a number out of
     its field's range, a string over 65535 bytes of modified UTF-8, a command
-    over :data:`~.commands.MAX_WIRECOMMAND_SIZE` bytes.
+    over :data:`~.events.MAX_WIRECOMMAND_SIZE` bytes.
     """
     try:
         spec = FIELDS[type(command)]
@@ -366,7 +366,7 @@ def decode_command(data: bytes | bytearray | memoryview, start: int = 0) -> tupl
     """The whole command at ``data[start:]`` and the offset after it.
 
     Unlike a connection, it knows no direction or state: any command,
-    :class:`~.commands.Event` included, decodes.
+    :class:`~.events.Event` included, decodes.
     """
     if len(data) - start < HEADER.size:
         raise RemoteProtocolError("a command header is 8 bytes")

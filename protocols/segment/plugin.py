@@ -26,7 +26,7 @@ from gateway.sdk import (
 )
 
 from .codec import Limits
-from .commands import MAX_EVENT_PAYLOAD, MAX_WIRECOMMAND_SIZE
+from .events import MAX_EVENT_PAYLOAD, MAX_WIRECOMMAND_SIZE
 from .server import ServerMetrics, ServerSession, ServerSettings
 from .upstream import run_upstream
 

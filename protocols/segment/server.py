@@ -1,7 +1,7 @@
 """The segment-store role over a trio stream: appends stored durably, reads served.
 
 :class:`ServerSession` is a :class:`~gateway.protocol.Session` over the
-sans-IO :class:`~protocols.segment.codec.ServerConnection`, backed by an
+sans-IO :class:`~protocols.segment.codec.ServerCodec`, backed by an
 embedded :class:`~gateway.store.Store`:
 
 * ``Hello`` is answered with ours (an incompatible range gets it too, then
@@ -57,10 +57,10 @@ from gateway.sdk import (
     Store,
 )
 
-from .blocks import Append
-from .codec import Limits, SegmentProtocolError, ServerConnection
-from .commands import (
+from .codec import Limits, SegmentProtocolError, ServerCodec
+from .events import (
     NULL_EVENT_NUMBER,
+    Append,
     AppendSetup,
     ErrorMessage,
     Hello,
@@ -150,7 +150,7 @@ class _Block:
 class ServerSession(Session):
     """One segment-append connection, server side; :meth:`serve` runs it."""
 
-    codec: ServerConnection
+    codec: ServerCodec
 
     def __init__(
         self,
@@ -165,7 +165,7 @@ class ServerSession(Session):
         settings = settings or ServerSettings()
         super().__init__(
             stream,
-            ServerConnection(settings.limits),
+            ServerCodec(settings.limits),
             log=logger or log,
             shutdown=shutdown,
             max_answers=MAX_PENDING_BLOCKS,

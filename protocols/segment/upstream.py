@@ -24,7 +24,7 @@ import trio
 from gateway.sdk import ConnectionInfo, Message, Outcome, UpstreamContext, envelope
 
 from .client import Appender, WriterSettings, run_appender
-from .commands import MAX_EVENT_PAYLOAD
+from .events import MAX_EVENT_PAYLOAD
 
 __all__ = ["NAMESPACE", "default_writer_id", "payload_encoder", "run_upstream"]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import struct
-from collections.abc import Iterable
 from typing import Any
 from uuid import UUID
 
@@ -15,6 +14,7 @@ from hypothesis import strategies as st
 from segment_vectors import COMMANDS, EV1, EV2, SEGMENT, VECTORS, WRITER
 
 from gateway.core.errors import LocalProtocolError, RemoteProtocolError
+from gateway.protocol.conformance import splits
 from protocols.segment import (
     MAX_EVENT_PAYLOAD,
     NEED_DATA,
@@ -22,7 +22,8 @@ from protocols.segment import (
     AppendBlockEnd,
     AppendSetup,
     AuthTokenCheckFailed,
-    ClientConnection,
+    ClientCodec,
+    CodecState,
     ConnectionClosed,
     DataAppended,
     ErrorMessage,
@@ -37,7 +38,6 @@ from protocols.segment import (
     SegmentProtocolError,
     SegmentRead,
     SetupAppend,
-    State,
     WrongHost,
     encode,
 )
@@ -45,7 +45,7 @@ from protocols.segment import (
 OTHER = UUID("ffeeddcc-bbaa-9988-7766-554433221100")
 
 
-def drain(conn: ClientConnection) -> list[Any]:
+def drain(conn: ClientCodec) -> list[Any]:
     events: list[Any] = []
     while (event := conn.next_event()) is not NEED_DATA:
         events.append(event)
@@ -54,21 +54,15 @@ def drain(conn: ClientConnection) -> list[Any]:
     return events
 
 
-def splits(data: bytes) -> Iterable[list[bytes]]:
-    for i in range(len(data) + 1):
-        yield [data[:i], data[i:]]
-    yield [data[i : i + 1] for i in range(len(data))]
-
-
 def ev(payload: bytes) -> bytes:
     return struct.pack(">ii", 0, len(payload)) + payload
 
 
 def client_for(
     *writers: UUID, last: int = NULL_EVENT_NUMBER, block_size: int = 0, limits: Limits | None = None
-) -> ClientConnection:
+) -> ClientCodec:
     """A client connection on which ``writers`` are set up (request ids 1, 2, ...)."""
-    conn = ClientConnection(limits, block_size=block_size)
+    conn = ClientCodec(limits, block_size=block_size)
     for i, writer in enumerate(writers or (WRITER,)):
         conn.send(SetupAppend(i + 1, writer, SEGMENT, ""))
         conn.receive_data(encode(AppendSetup(i + 1, SEGMENT, writer, last)))
@@ -76,12 +70,12 @@ def client_for(
     return conn
 
 
-def refused(conn: ClientConnection, data: bytes, match: str) -> None:
+def refused(conn: ClientCodec, data: bytes, match: str) -> None:
     conn.receive_data(data)
     with pytest.raises(SegmentProtocolError, match=match) as info:
         drain(conn)
     assert info.value.reply is None  # a client answers nothing: it closes
-    assert conn.state is State.ERROR
+    assert conn.state is CodecState.ERROR
     with pytest.raises(LocalProtocolError):
         conn.next_event()
     with pytest.raises(LocalProtocolError):
@@ -93,7 +87,7 @@ def refused(conn: ClientConnection, data: bytes, match: str) -> None:
 
 @pytest.mark.parametrize("name", ["hello", "keepalive", "setup_append", "read_segment"])
 def test_requests_encode_to_their_vectors(name: str) -> None:
-    assert ClientConnection().send(COMMANDS[name]) == VECTORS[name]
+    assert ClientCodec().send(COMMANDS[name]) == VECTORS[name]
 
 
 def test_vector_6_a_single_unbatched_append() -> None:
@@ -211,7 +205,7 @@ def test_a_stream_of_reply_vectors_split_at_every_byte() -> None:
         ConnectionClosed(),
     ]
     for chunks in splits(stream):
-        conn = ClientConnection(block_size=32)
+        conn = ClientCodec(block_size=32)
         assert conn.send(SetupAppend(1, WRITER, SEGMENT)) == VECTORS["setup_append"]
         events: list[Any] = []
         for chunk in chunks:
@@ -224,7 +218,7 @@ def test_a_stream_of_reply_vectors_split_at_every_byte() -> None:
         conn.receive_data(b"")
         events += drain(conn)
         assert events == expected
-        assert conn.state is State.CLOSED
+        assert conn.state is CodecState.CLOSED
         # InvalidEventNumber forgot the writer.
         with pytest.raises(LocalProtocolError, match="not set up"):
             conn.append(WRITER, [b"x"], 3)
@@ -283,14 +277,14 @@ def test_a_draft_literal_zero_means_no_event_yet(none: int) -> None:
 
 
 def test_append_setup_must_answer_our_setup() -> None:
-    refused(ClientConnection(), VECTORS["append_setup_new_writer"], "answers no SetupAppend")
-    conn = ClientConnection()
+    refused(ClientCodec(), VECTORS["append_setup_new_writer"], "answers no SetupAppend")
+    conn = ClientCodec()
     conn.send(SetupAppend(1, WRITER, "another"))
     refused(conn, VECTORS["append_setup_new_writer"], "answers no SetupAppend")
 
 
 def test_an_error_for_a_pending_setup_drops_it() -> None:
-    conn = ClientConnection()
+    conn = ClientCodec()
     conn.send(SetupAppend(4, WRITER, SEGMENT))
     with pytest.raises(LocalProtocolError, match="being set up"):
         conn.send(SetupAppend(5, WRITER, SEGMENT))
@@ -356,11 +350,11 @@ def test_error_replies_are_events() -> None:
 )
 def test_a_client_does_not_send_replies_or_raw_blocks(command: Any) -> None:
     with pytest.raises(LocalProtocolError, match="a client does not send"):
-        ClientConnection().send(command)
+        ClientCodec().send(command)
 
 
 def test_append_refusals() -> None:
-    conn = ClientConnection()
+    conn = ClientCodec()
     with pytest.raises(LocalProtocolError, match="not set up"):
         conn.append(WRITER, [b"x"], 1)
     conn.send(SetupAppend(1, WRITER, SEGMENT))

@@ -20,13 +20,15 @@ from hypothesis import strategies as st
 from segment_vectors import EV1, EV2, SEGMENT, VECTORS, WRITER
 
 from gateway.core.errors import LocalProtocolError
+from gateway.protocol.conformance import splits
 from protocols.segment import (
     NEED_DATA,
     NULL_EVENT_NUMBER,
     Append,
     AppendBlock,
     AppendSetup,
-    ClientConnection,
+    ClientCodec,
+    CodecState,
     ConnectionClosed,
     DataAppended,
     ErrorMessage,
@@ -39,9 +41,8 @@ from protocols.segment import (
     ReadSegment,
     SegmentProtocolError,
     SegmentRead,
-    ServerConnection,
+    ServerCodec,
     SetupAppend,
-    State,
     WrongHost,
     encode,
 )
@@ -84,7 +85,7 @@ def setup(writer: UUID = WRITER, request_id: int = 1, segment: str = SEGMENT) ->
     return encode(SetupAppend(request_id, writer, segment, ""))
 
 
-def drain(conn: ServerConnection) -> list[Any]:
+def drain(conn: ServerCodec) -> list[Any]:
     events: list[Any] = []
     while (event := conn.next_event()) is not NEED_DATA:
         events.append(event)
@@ -93,16 +94,9 @@ def drain(conn: ServerConnection) -> list[Any]:
     return events
 
 
-def splits(data: bytes) -> Iterable[list[bytes]]:
-    """``data`` in two pieces at every split point, then one byte at a time."""
-    for i in range(len(data) + 1):
-        yield [data[:i], data[i:]]
-    yield [data[i : i + 1] for i in range(len(data))]
-
-
 def server_for(*writers: UUID, last: int = NULL_EVENT_NUMBER, limits: Limits | None = None):
     """A server connection on which ``writers`` are set up (new writers by default)."""
-    conn = ServerConnection(limits)
+    conn = ServerCodec(limits)
     for i, writer in enumerate(writers or (WRITER,)):
         conn.receive_data(setup(writer, i + 1))
         (event,) = drain(conn)
@@ -114,7 +108,7 @@ def server_for(*writers: UUID, last: int = NULL_EVENT_NUMBER, limits: Limits | N
 class Store:
     """What a driver does with the events: answer each the way a segment store would."""
 
-    def __init__(self, conn: ServerConnection) -> None:
+    def __init__(self, conn: ServerCodec) -> None:
         self.conn = conn
         self.out = bytearray()
         self.events: list[Any] = []
@@ -164,7 +158,7 @@ class Store:
 )
 def test_request_vectors_split_at_every_byte(name: str, event: Any) -> None:
     for chunks in splits(VECTORS[name]):
-        conn = ServerConnection()
+        conn = ServerCodec()
         events = []
         for chunk in chunks:
             if chunk:
@@ -174,7 +168,7 @@ def test_request_vectors_split_at_every_byte(name: str, event: Any) -> None:
         assert conn.held_bytes == 0
         conn.receive_data(b"")
         assert drain(conn) == [ConnectionClosed()]
-        assert conn.state is State.CLOSED
+        assert conn.state is CodecState.CLOSED
 
 
 #: (client bytes, the Append they hold) for the three block vectors.
@@ -231,7 +225,7 @@ def test_a_stream_of_vectors_is_answered_with_vectors() -> None:
         ConnectionClosed(),
     ]
     for chunks in splits(stream):
-        store = Store(ServerConnection())
+        store = Store(ServerCodec())
         assert store.feed(chunks) == expected
         assert bytes(store.out) == expected_out
         assert bytes(store.segment) == EV1 + EV2
@@ -249,11 +243,11 @@ def test_a_stream_of_vectors_is_answered_with_vectors() -> None:
     ],
 )
 def test_replies_encode_to_their_vectors(name: str, reply: Any) -> None:
-    assert ServerConnection().send(reply) == VECTORS[name]
+    assert ServerCodec().send(reply) == VECTORS[name]
 
 
 def test_append_setup_and_data_appended_vectors() -> None:
-    conn = ServerConnection()
+    conn = ServerCodec()
     conn.receive_data(VECTORS["setup_append"])
     drain(conn)
     assert (
@@ -270,11 +264,11 @@ def test_append_setup_and_data_appended_vectors() -> None:
 # -- the block rules (research §A.2 "Server-side checks") and other bad input -------------
 
 
-def refused(conn: ServerConnection, data: bytes, match: str) -> SegmentProtocolError:
+def refused(conn: ServerCodec, data: bytes, match: str) -> SegmentProtocolError:
     conn.receive_data(data)
     with pytest.raises(SegmentProtocolError, match=match) as info:
         drain(conn)
-    assert conn.state is State.ERROR
+    assert conn.state is CodecState.ERROR
     with pytest.raises(LocalProtocolError):
         conn.next_event()
     conn.receive_data(b"more bytes are dropped")
@@ -418,7 +412,7 @@ def test_refused_before_the_rest_of_a_block_arrives() -> None:
 
 
 def test_a_block_before_append_setup_is_refused() -> None:
-    conn = ServerConnection()
+    conn = ServerCodec()
     conn.receive_data(setup())
     drain(conn)  # SetupAppend returned, not answered yet
     refused(conn, BLOCKS["single"][0], "not set up")
@@ -459,7 +453,7 @@ def test_limits_are_checked() -> None:
 )
 def test_hello_version_ranges(hello: Hello, compatible: bool) -> None:
     assert hello.compatible is compatible
-    conn = ServerConnection()
+    conn = ServerCodec()
     if compatible:
         conn.receive_data(encode(hello))
         assert drain(conn) == [hello]
@@ -479,7 +473,7 @@ def test_end_of_input_drops_a_partial_block() -> None:
         assert cut <= conn.held_bytes <= 2 * cut + 64
         conn.receive_data(b"")
         assert drain(conn) == [ConnectionClosed()]
-        assert conn.state is State.CLOSED
+        assert conn.state is CodecState.CLOSED
         assert conn.next_event() == ConnectionClosed()
         assert conn.held_bytes == 0
 
@@ -488,7 +482,7 @@ def test_end_of_input_drops_a_partial_block() -> None:
 
 
 def test_append_setup_must_answer_a_setup_append() -> None:
-    conn = ServerConnection()
+    conn = ServerCodec()
     with pytest.raises(LocalProtocolError, match="sent no SetupAppend"):
         conn.send(AppendSetup(1, SEGMENT, WRITER, NULL_EVENT_NUMBER))
     conn.receive_data(setup(WRITER, 4))
@@ -503,7 +497,7 @@ def test_append_setup_must_answer_a_setup_append() -> None:
 
 
 def test_an_error_reply_drops_the_pending_setup() -> None:
-    conn = ServerConnection()
+    conn = ServerCodec()
     conn.receive_data(setup(WRITER, 4))
     drain(conn)
     assert conn.send(NoSuchSegment(4, SEGMENT)) == encode(NoSuchSegment(4, SEGMENT))
@@ -543,7 +537,7 @@ def test_data_appended_is_checked() -> None:
 )
 def test_a_server_does_not_send_requests(command: Any) -> None:
     with pytest.raises(LocalProtocolError, match="a server does not send"):
-        ServerConnection().send(command)
+        ServerCodec().send(command)
 
 
 def test_invalid_event_number_forgets_the_writer() -> None:
@@ -571,8 +565,8 @@ def test_the_server_reassembles_what_the_client_wrote(
     chunking: list[int],
 ) -> None:
     payloads = [bytes([i % 251]) * size for i, size in enumerate(sizes)]
-    client = ClientConnection(block_size=block_size)
-    store = Store(ServerConnection())
+    client = ClientCodec(block_size=block_size)
+    store = Store(ServerCodec())
     store.feed([client.send(SetupAppend(1, WRITER, SEGMENT))], eof=False)
     client.receive_data(bytes(store.out))
     assert isinstance(client.next_event(), AppendSetup)
@@ -618,7 +612,7 @@ def test_the_server_reassembles_what_the_client_wrote(
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 60)), min_size=1, max_size=30))
 def test_writers_interleave_on_one_connection(plan: list[tuple[bool, int]]) -> None:
-    client = ClientConnection(block_size=100)
+    client = ClientCodec(block_size=100)
     wire = bytearray()
     for i, writer in enumerate((WRITER, OTHER)):
         wire += client.send(SetupAppend(i + 1, writer, f"segment-{i}"))
@@ -632,7 +626,7 @@ def test_writers_interleave_on_one_connection(plan: list[tuple[bool, int]]) -> N
         wire += client.append(writer, [bytes(size)], numbers[writer])
         written[writer] += ev(bytes(size))
     wire += client.close_block()
-    store = Store(ServerConnection())
+    store = Store(ServerCodec())
     events = store.feed([bytes(wire)])
     got: dict[UUID, bytearray] = {WRITER: bytearray(), OTHER: bytearray()}
     for event in events:
@@ -654,7 +648,7 @@ def test_garbage_only_ever_raises_protocol_errors(garbage: bytes) -> None:
         error = e
     if error is not None:
         assert error.reply is not None
-        assert conn.state is State.ERROR
+        assert conn.state is CodecState.ERROR
 
 
 # -- performance --------------------------------------------------------------------------
@@ -662,7 +656,7 @@ def test_garbage_only_ever_raises_protocol_errors(garbage: bytes) -> None:
 
 def test_a_256_kib_block_of_1_kib_events_parses_well_under_a_millisecond() -> None:
     payload = bytes(1024 - 8)
-    client = ClientConnection(block_size=256 * 1024)
+    client = ClientCodec(block_size=256 * 1024)
     client.send(SetupAppend(1, WRITER, SEGMENT))
     client.receive_data(encode(AppendSetup(1, SEGMENT, WRITER, NULL_EVENT_NUMBER)))
     client.next_event()
@@ -683,7 +677,7 @@ def test_a_256_kib_block_of_1_kib_events_parses_well_under_a_millisecond() -> No
 def test_held_bytes_is_what_a_partial_command_really_takes() -> None:
     """A command arriving in small reads grows the receive buffer with spare room; the
     memory budget is charged that, not only the bytes received."""
-    conn = ServerConnection()
+    conn = ServerCodec()
     wire = encode(SetupAppend(1, WRITER, "n" * 60_000))[:59_000]
     for i in range(0, len(wire), 1000):
         conn.receive_data(wire[i : i + 1000])

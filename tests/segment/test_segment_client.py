@@ -36,7 +36,7 @@ from protocols.segment import (
     KeepAlive,
     ReadSegment,
     SegmentRead,
-    ServerConnection,
+    ServerCodec,
     SetupAppend,
     event_frame,
 )
@@ -259,7 +259,7 @@ class Scripted:
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
-        self.codec = ServerConnection()
+        self.codec = ServerCodec()
 
     async def event(self) -> Any:
         while (event := self.codec.next_event()) is NEED_DATA:

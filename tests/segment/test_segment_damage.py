@@ -32,7 +32,7 @@ from test_segment_server import (
 
 from gateway.store import Store, frame_events
 from protocols.segment.client import SegmentReader, SegmentTruncatedError
-from protocols.segment.commands import (
+from protocols.segment.events import (
     DataAppended,
     Hello,
     NoSuchSegment,

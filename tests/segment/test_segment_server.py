@@ -26,7 +26,7 @@ from segment_vectors import EV1, EV2, SEGMENT, VECTORS, WRITER
 
 from gateway.runtime.gateway import Gateway
 from gateway.store import Segment, Store
-from protocols.segment.commands import (
+from protocols.segment.events import (
     NULL_EVENT_NUMBER,
     AppendSetup,
     Command,
