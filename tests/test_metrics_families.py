@@ -20,6 +20,7 @@ from interchange_ndjson.client import NdjsonClient
 from interchange_ndjson.events import Deliver, Publish
 from prometheus_client.parser import text_string_to_metric_families
 from test_metrics_endpoint import http_request
+from waits import subscribed
 
 from gateway import __version__
 from gateway.core.hub import Hub, HubLimits
@@ -74,9 +75,7 @@ async def test_known_traffic_gives_exact_figures() -> None:
         sub = await NdjsonClient.connect(*address)
         pub = await NdjsonClient.connect(*address)
         await sub.subscribe("logs")
-        with trio.fail_after(5):
-            while not gw.hub.destination("logs").stats()["groups"]:  # type: ignore[union-attr]
-                await trio.sleep(0.01)
+        await subscribed(gw, "logs")
 
         # One publish of three messages, delivered to the subscriber, which acks.
         answers: list[Any] = []
