@@ -44,10 +44,12 @@ def roundtrip(address: tuple[str, int]) -> list[dict[str, object]]:
         socket.create_connection(address, timeout=5) as sub,
         socket.create_connection(address, timeout=5) as pub,
     ):
-        sub.sendall(b'{"op":"sub","dest":"demo"}\n')
-        time.sleep(0.2)
+        # Lines are handled in order: the pong says the subscription is in.
+        sub.sendall(b'{"op":"sub","dest":"demo"}\n{"op":"ping"}\n')
+        lines = sub.makefile()
+        assert json.loads(lines.readline()) == {"op": "pong"}
         pub.sendall(b'{"op":"pub","id":1,"dest":"demo","body":"hi"}\n')
-        msg = json.loads(sub.makefile().readline())
+        msg = json.loads(lines.readline())
         sub.sendall(b'{"op":"ack","tag":%d}\n' % msg["tag"])
         ack = json.loads(pub.makefile().readline())
         return [msg, ack]
@@ -94,8 +96,11 @@ def test_exit_status_3_when_shutdown_abandons_unsettled_publishes(tmp_path: Path
     proc, listeners = start(str(config), cwd=tmp_path)
     with socket.create_connection(listeners["nd"], timeout=5) as pub:
         try:
-            pub.sendall(b'{"op":"pub","id":1,"dest":"jobs","body":"nobody takes this"}\n')
-            time.sleep(0.3)  # handed to the hub: held by the queue, unsettled
+            pub.sendall(
+                b'{"op":"pub","id":1,"dest":"jobs","body":"nobody takes this"}\n{"op":"ping"}\n'
+            )
+            # The pong follows the publish's hand-off to the hub: held by the queue, unsettled.
+            assert json.loads(pub.makefile().readline()) == {"op": "pong"}
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=15) == 3
