@@ -7,6 +7,7 @@ import sys
 
 import trio
 from harness import host_port, running_gateway
+from waits import subscribed
 
 CLIENT = [sys.executable, "-m", "interchange_ndjson"]
 
@@ -24,7 +25,8 @@ async def test_sub_prints_and_acks_what_pub_publishes() -> None:
                     task_status=task_status,
                 )
             )
-            await trio.sleep(1.5)  # the subscriber is in before the publish
+            # The subscriber is in before the publish (the process takes a while to start).
+            await subscribed(gw, "logs", timeout=30)
             with trio.fail_after(30):
                 pub = await trio.run_process(
                     [*CLIENT, *where, "pub", "logs"],
