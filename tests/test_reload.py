@@ -15,6 +15,7 @@ import pytest
 import trio
 from harness import host_port
 from interchange_ndjson.client import NdjsonClient
+from waits import subscribed, until
 
 from gateway.config.certs import init_dir
 from gateway.config.loader import load
@@ -51,6 +52,7 @@ async def test_a_reload_under_traffic_keeps_unchanged_listeners_and_loses_nothin
         gw = await start(nursery, path)
         sub = await client(gw, "keep")
         await sub.subscribe("logs", window=1000)
+        await subscribed(gw, "logs")
         pub = await client(gw, "keep")
         leaving = await client(gw, "old")
         acked: list[str] = []
@@ -67,12 +69,12 @@ async def test_a_reload_under_traffic_keeps_unchanged_listeners_and_loses_nothin
                 answer = await pub.publish(b"x", "logs")
                 sent += 1
                 acked.append(answer.status)
-                await trio.sleep(0.005)
+                await trio.sleep(0.005)  # paced, so that the traffic spans the reload
 
         nursery.start_soon(consume)
         async with trio.open_nursery() as traffic:
             traffic.start_soon(publish)
-            await trio.sleep(0.3)
+            await until(lambda: sent >= 50)  # under way
             write(path, listener("keep"), listener("new"))
             assert "removed listeners old" in await reload_file(gw)
         assert acked == ["delivered"] * 200  # the publisher's connection never dropped

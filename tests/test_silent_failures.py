@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 from harness import running_gateway
+from waits import until
 
 from gateway import cli
 from gateway.config.loader import ConfigError, parse
@@ -56,7 +57,7 @@ async def test_connection_refused_is_named_in_the_upstream_log(
         await probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     async with running_gateway(_upstream_config(f"127.0.0.1:{port}")):
-        await trio.sleep(0.3)
+        await until(lambda: "cannot connect" in caplog.text)
     lines = [r.getMessage() for r in caplog.records if "cannot connect" in r.getMessage()]
     assert lines, caplog.text
     assert "ECONNREFUSED (Connection refused)" in lines[0]
