@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import h11
 import trio
+from prometheus_client import Counter
 
 from gateway.ops.loglines import Throttled
 from gateway.ops.metrics import Metrics
@@ -92,60 +93,25 @@ async def serve_http(
     previous response (of connecting), or it is closed.
     """
     throttled = Throttled(log, suppressed=metrics.log_lines_suppressed)
-    refused = metrics.refused_connections.labels(listener=name, reason="max_connections")
-    serving = 0
-    # Refusals hold a descriptor for up to REFUSE_TIMEOUT: bounded too. Beyond
-    # this many at once, a connection is closed without its 503.
-    refusing = 0
-
-    async def serve(stream: trio.abc.Stream) -> None:
-        nonlocal serving
-        try:
-            await _serve_connection(stream, handler, idle_timeout, headers)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
-            pass
-        except Exception:  # one request's fault must not stop the endpoint
-            log.exception("%s request failed; closing its connection", name)
-        finally:
-            serving -= 1
-            await trio.aclose_forcefully(stream)
-
-    async def refuse(stream: trio.abc.Stream) -> None:
-        nonlocal refusing
-        try:
-            await _refuse(stream, refused_with)
-        finally:
-            refusing -= 1
-            await trio.aclose_forcefully(stream)
-
     try:
         async with trio.open_nursery() as nursery:
-
-            def handle(stream: trio.abc.Stream) -> None:
-                nonlocal serving, refusing
-                if serving < max_connections:
-                    serving += 1
-                    nursery.start_soon(serve, stream)
-                    return
-                refused.inc()
-                throttled.warning(
-                    f"{name}:max_connections",
-                    "%s: refusing a connection: %d open (max_connections)",
-                    name,
-                    serving,
-                )
-                if refusing < max_connections:
-                    refusing += 1
-                    nursery.start_soon(refuse, stream)
-                else:
-                    nursery.start_soon(trio.aclose_forcefully, stream)
-
+            endpoint = _Endpoint(
+                nursery,
+                handler,
+                name=name,
+                log=throttled,
+                refused=metrics.refused_connections.labels(listener=name, reason="max_connections"),
+                refused_with=refused_with,
+                max_connections=max_connections,
+                idle_timeout=idle_timeout,
+                headers=headers,
+            )
             for listener in listeners:
                 nursery.start_soon(
                     functools.partial(
                         accept_forever,
                         listener,
-                        handle,
+                        endpoint.handle,
                         name=name,
                         log=throttled,
                         errors=metrics.accept_errors,
@@ -153,6 +119,64 @@ async def serve_http(
                 )
     finally:
         throttled.flush()
+
+
+@dataclass
+class _Endpoint:
+    """The connections of one endpoint: served up to the cap, refused with 503 beyond."""
+
+    nursery: trio.Nursery
+    handler: Handler
+    name: str
+    log: Throttled
+    #: Counts the connections refused for ``max_connections``.
+    refused: Counter
+    refused_with: bytes
+    max_connections: int
+    idle_timeout: float
+    headers: Headers
+    #: Connections being served now.
+    serving: int = 0
+    #: Refusals hold a descriptor for up to REFUSE_TIMEOUT: bounded too. Beyond
+    #: this many at once, a connection is closed without its 503.
+    refusing: int = 0
+
+    def handle(self, stream: trio.abc.Stream) -> None:
+        """Serve ``stream``, or refuse it (the accept loop's decision, made at once)."""
+        if self.serving < self.max_connections:
+            self.serving += 1
+            self.nursery.start_soon(self._serve, stream)
+            return
+        self.refused.inc()
+        self.log.warning(
+            f"{self.name}:max_connections",
+            "%s: refusing a connection: %d open (max_connections)",
+            self.name,
+            self.serving,
+        )
+        if self.refusing < self.max_connections:
+            self.refusing += 1
+            self.nursery.start_soon(self._refuse, stream)
+        else:
+            self.nursery.start_soon(trio.aclose_forcefully, stream)
+
+    async def _serve(self, stream: trio.abc.Stream) -> None:
+        try:
+            await _serve_connection(stream, self.handler, self.idle_timeout, self.headers)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+            pass
+        except Exception:  # one request's fault must not stop the endpoint
+            self.log.logger.exception("%s request failed; closing its connection", self.name)
+        finally:
+            self.serving -= 1
+            await trio.aclose_forcefully(stream)
+
+    async def _refuse(self, stream: trio.abc.Stream) -> None:
+        try:
+            await _refuse(stream, self.refused_with)
+        finally:
+            self.refusing -= 1
+            await trio.aclose_forcefully(stream)
 
 
 async def _refuse(stream: trio.abc.Stream, answer: bytes) -> None:

@@ -78,6 +78,38 @@ def plan(old: Config, new: Config, protocols: set[str]) -> Plan:
     ``protocols`` are those whose plugins run now (set up at start): a
     listener or upstream of another protocol needs a restart.
     """
+    restart = _needs_restart(old, new, protocols)
+    if restart:
+        raise ReloadRefused("needs a restart to change: " + "; ".join(restart))
+    result = Plan()
+    running = {ls.name: ls for ls in old.listeners}
+    for ls in new.listeners:
+        before = running.pop(ls.name, None)
+        if before is not None and _without_tls_files(before) == _without_tls_files(ls):
+            result.keep_listeners.append(ls)
+        else:
+            if before is not None:
+                result.remove_listeners.append(ls.name)
+            result.add_listeners.append(ls)
+    result.remove_listeners.extend(running)
+
+    upstreams = {up.name: up for up in old.upstreams}
+    for up in new.upstreams:
+        previous = upstreams.pop(up.name, None)
+        if previous == up:
+            result.keep_upstreams.append(up.name)
+        else:
+            if previous is not None:
+                result.remove_upstreams.append(up.name)
+            result.add_upstreams.append(up)
+    result.remove_upstreams.extend(upstreams)
+    result.routes_changed = old.routes != new.routes
+    result.destinations_changed = old.destinations != new.destinations
+    return result
+
+
+def _needs_restart(old: Config, new: Config, protocols: set[str]) -> list[str]:
+    """What differs between ``old`` and ``new`` that only a restart can change."""
     restart = [
         key
         for key, a, b in (
@@ -104,34 +136,7 @@ def plan(old: Config, new: Config, protocols: set[str]) -> Plan:
     for up in new.upstreams:
         if up.protocol not in protocols:
             restart.append(f"upstream {up.name!r} of protocol {up.protocol!r} (not running)")
-    if restart:
-        raise ReloadRefused("needs a restart to change: " + "; ".join(restart))
-
-    result = Plan()
-    running = {ls.name: ls for ls in old.listeners}
-    for ls in new.listeners:
-        before = running.pop(ls.name, None)
-        if before is not None and _without_tls_files(before) == _without_tls_files(ls):
-            result.keep_listeners.append(ls)
-        else:
-            if before is not None:
-                result.remove_listeners.append(ls.name)
-            result.add_listeners.append(ls)
-    result.remove_listeners.extend(running)
-
-    upstreams = {up.name: up for up in old.upstreams}
-    for up in new.upstreams:
-        previous = upstreams.pop(up.name, None)
-        if previous == up:
-            result.keep_upstreams.append(up.name)
-        else:
-            if previous is not None:
-                result.remove_upstreams.append(up.name)
-            result.add_upstreams.append(up)
-    result.remove_upstreams.extend(upstreams)
-    result.routes_changed = old.routes != new.routes
-    result.destinations_changed = old.destinations != new.destinations
-    return result
+    return restart
 
 
 def _metrics(config: Config) -> tuple[Any, ...]:

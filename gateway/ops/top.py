@@ -83,6 +83,24 @@ def _ago(seconds: float | None) -> str:
 def render(status: dict[str, Any]) -> RenderableType:
     """One frame: a header, the hints, and a table per section."""
     rates = status.get("rates", {})
+    parts: list[RenderableType] = [_header(status)]
+    hints = _hints(status.get("hints", []))
+    if hints is not None:
+        parts.append(hints)
+    parts += [
+        _listeners(status["listeners"], rates.get("listeners", {})),
+        _upstreams(status["upstreams"], rates.get("upstreams", {})),
+        _destinations(status["destinations"], rates.get("destinations", {})),
+    ]
+    return Group(*parts)
+
+
+#: Rates of one section: name → key → per second.
+_Rates = dict[str, dict[str, float]]
+
+
+def _header(status: dict[str, Any]) -> Text:
+    """Version, uptime, readiness, unsettled publishes, memory."""
     memory = status["memory"]
     ready = (
         Text("draining", style="bold yellow")
@@ -91,7 +109,7 @@ def render(status: dict[str, Any]) -> RenderableType:
         if status["ready"]
         else Text("not ready", style="bold red")
     )
-    header = Text.assemble(
+    return Text.assemble(
         ("Interchange ", "bold"),
         status["version"],
         f"  up {_ago(status['uptime_s'])}  ",
@@ -101,14 +119,38 @@ def render(status: dict[str, Any]) -> RenderableType:
         (" EXHAUSTED", "bold red") if memory["exhausted"] else "",
     )
 
-    listeners = Table(title="listeners", title_justify="left", expand=True)
-    for column in ("name", "protocol", "addresses"):
-        listeners.add_column(column)
-    for column in ("conns", "msg/s in", "msg/s out", "in/s", "out/s"):
-        listeners.add_column(column, justify="right")
-    for ls in status["listeners"]:
-        r = rates.get("listeners", {}).get(ls["name"], {})
-        listeners.add_row(
+
+def _hints(hints: list[dict[str, str]]) -> Panel | None:
+    """The hints, warnings in red, in a panel; None when there are none."""
+    if not hints:
+        return None
+    lines = Text()
+    for i, h in enumerate(hints):
+        style = "red" if h["level"] == "warning" else "yellow"
+        lines.append(("\n" if i else "") + f"{h['subject']}: ", style=f"bold {style}")
+        lines.append(h["text"])
+    return Panel(lines, title="why is my sender not acked?", title_align="left")
+
+
+def _table(title: str, left: tuple[str, ...], right: tuple[str, ...]) -> Table:
+    """A section's table: ``left`` columns, then ``right`` ones justified right."""
+    table = Table(title=title, title_justify="left", expand=True)
+    for column in left:
+        table.add_column(column)
+    for column in right:
+        table.add_column(column, justify="right")
+    return table
+
+
+def _listeners(listeners: list[dict[str, Any]], rates: _Rates) -> Table:
+    table = _table(
+        "listeners",
+        ("name", "protocol", "addresses"),
+        ("conns", "msg/s in", "msg/s out", "in/s", "out/s"),
+    )
+    for ls in listeners:
+        r = rates.get(ls["name"], {})
+        table.add_row(
             ls["name"],
             ls["protocol"],
             " ".join(ls["addresses"]) or Text("not bound", style="red"),
@@ -118,31 +160,35 @@ def render(status: dict[str, Any]) -> RenderableType:
             _bytes(r.get("bytes_in")),
             _bytes(r.get("bytes_out")),
         )
+    return table
 
-    upstreams = Table(title="upstreams", title_justify="left", expand=True)
-    for column in ("name", "protocol", "state"):
-        upstreams.add_column(column)
-    upstreams.add_column("msg/s out", justify="right")
-    upstreams.add_column("since / last error", ratio=1)
-    for up in status["upstreams"]:
-        r = rates.get("upstreams", {}).get(up["name"], {})
+
+def _upstreams(upstreams: list[dict[str, Any]], rates: _Rates) -> Table:
+    table = _table("upstreams", ("name", "protocol", "state"), ("msg/s out",))
+    table.add_column("since / last error", ratio=1)
+    for up in upstreams:
+        r = rates.get(up["name"], {})
         connected = up["state"] == "connected"
-        upstreams.add_row(
+        table.add_row(
             up["name"],
             up["protocol"],
             Text(up["state"], style="green" if connected else "red"),
             _rate(r.get("messages_out")),
             f"for {_ago(up['connected_for_s'])}" if connected else (up["last_error"] or ""),
         )
+    return table
 
-    destinations = Table(title="destinations", title_justify="left", expand=True)
-    destinations.add_column("name / group")
-    destinations.add_column("kind")
-    for column in ("in/s", "out/s", "backlog", "bytes", "Δ/s", "subs", "queued", "unacked"):
-        destinations.add_column(column, justify="right")
-    for d in status["destinations"]:
-        r = rates.get("destinations", {}).get(d["name"], {})
-        destinations.add_row(
+
+def _destinations(destinations: list[dict[str, Any]], rates: _Rates) -> Table:
+    """A row per destination, and under it one per group."""
+    table = _table(
+        "destinations",
+        ("name / group", "kind"),
+        ("in/s", "out/s", "backlog", "bytes", "Δ/s", "subs", "queued", "unacked"),
+    )
+    for d in destinations:
+        r = rates.get(d["name"], {})
+        table.add_row(
             Text(d["name"], style="bold"),
             d["kind"],
             _rate(r.get("messages_in")),
@@ -155,7 +201,7 @@ def render(status: dict[str, Any]) -> RenderableType:
             "",
         )
         for g in d["groups"]:
-            destinations.add_row(
+            table.add_row(
                 "  " + ("(anonymous)" if g.get("anonymous") else g["name"]),
                 Text("full", style="red") if g.get("full") else "",
                 "",
@@ -167,18 +213,7 @@ def render(status: dict[str, Any]) -> RenderableType:
                 str(g["queued"]),
                 str(g["unacked"]),
             )
-
-    parts: list[RenderableType] = [header]
-    hints = status.get("hints", [])
-    if hints:
-        lines = Text()
-        for i, h in enumerate(hints):
-            style = "red" if h["level"] == "warning" else "yellow"
-            lines.append(("\n" if i else "") + f"{h['subject']}: ", style=f"bold {style}")
-            lines.append(h["text"])
-        parts.append(Panel(lines, title="why is my sender not acked?", title_align="left"))
-    parts.extend([listeners, upstreams, destinations])
-    return Group(*parts)
+    return table
 
 
 def _error(message: str) -> RenderableType:
