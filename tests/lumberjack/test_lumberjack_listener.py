@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from harness import host_port, running_gateway
 
 from gateway.config.certs import init_dir
@@ -212,7 +213,7 @@ async def test_a_window_sent_one_byte_at_a_time_is_acked() -> None:
         wire = w(2) + c(j(1, event(1)) + j(2, event(2)))
         for i in range(len(wire)):
             await stream.send_all(wire[i : i + 1])
-            await trio.sleep(0.001)
+            await trio.testing.wait_all_tasks_blocked()  # read alone, before the next
         ack_all(sub, await take(sub, 2))
         assert await read_exactly(stream, 6) == a(2)
 
@@ -476,7 +477,9 @@ async def test_keepalives_flow_while_the_consumer_holds_the_window() -> None:
         assert frame == a(2)
 
 
-async def test_keepalives_keep_a_short_timeout_client_alive_through_a_slow_consumer() -> None:
+async def test_keepalives_keep_a_short_timeout_client_alive_through_a_slow_consumer(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     """Client timeout 0.5 s, consumer acks after 2 s: keepalives bridge the gap."""
     async with running_gateway(config(lj_listener(keepalive="100ms"))) as gw:
         sub = gw.hub.subscribe("logs")
@@ -512,7 +515,9 @@ async def test_without_keepalives_the_short_timeout_client_gives_up() -> None:
         assert len(await take(sub, 1)) == 1  # delivered, never acked
 
 
-async def test_a_keepalive_never_acks_a_window_the_consumer_holds() -> None:
+async def test_a_keepalive_never_acks_a_window_the_consumer_holds(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     """After a first window is acked, keepalives for the next one must not ack it.
 
     A keepalive that repeats the last acked sequence reads, to a Beats-style
@@ -554,7 +559,9 @@ async def test_a_keepalive_never_acks_a_window_the_consumer_holds() -> None:
             assert held.is_set()
 
 
-async def test_max_pending_windows_stops_reading_while_keepalives_go_on() -> None:
+async def test_max_pending_windows_stops_reading_while_keepalives_go_on(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     pending = 2
     listener = lj_listener(keepalive="100ms", max_pending_windows=pending)
     async with running_gateway(config(listener)) as gw:
@@ -605,7 +612,9 @@ async def test_max_pending_windows_stops_reading_while_keepalives_go_on() -> Non
         assert list(dict.fromkeys(positive)) == [a(i) for i in range(1, n + 1)]
 
 
-async def test_time_spent_not_reading_under_backpressure_is_not_a_slow_window() -> None:
+async def test_time_spent_not_reading_under_backpressure_is_not_a_slow_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     """The window timeout measures the client, not the listener's own pause.
 
     Window 2 is sent whole, promptly, right behind window 1; the listener pauses
@@ -632,7 +641,9 @@ async def test_time_spent_not_reading_under_backpressure_is_not_a_slow_window() 
         assert [f for f in frames if f != a(0)] == [a(1), a(3)]
 
 
-async def test_shutdown_acks_the_windows_handed_off_then_closes() -> None:
+async def test_shutdown_acks_the_windows_handed_off_then_closes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     cfg = config(lj_listener()) | {"gateway": {"drain_timeout": "5s"}}
     async with running_gateway(cfg) as gw:
         sub = gw.hub.subscribe("logs")
@@ -649,7 +660,9 @@ async def test_shutdown_acks_the_windows_handed_off_then_closes() -> None:
     assert gw.drained_cleanly is True
 
 
-async def test_idle_timeout_never_closes_a_connection_with_a_pending_window() -> None:
+async def test_idle_timeout_never_closes_a_connection_with_a_pending_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with running_gateway(config(lj_listener(idle_timeout="300ms"))) as gw:
         sub = gw.hub.subscribe("logs")
         stream = await connect(gw)
