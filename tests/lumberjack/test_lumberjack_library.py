@@ -161,7 +161,9 @@ async def test_send_times_out_without_an_ack() -> None:
             assert isinstance(sending.error, trio.TooSlowError)
 
 
-async def test_server_keepalives_let_a_slow_application_outlast_the_client_timeout() -> None:
+async def test_server_keepalives_let_a_slow_application_outlast_the_client_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with server(settings=ServerSettings(keepalive=0.05)) as srv:
         settings = ClientSettings(timeout=0.3)
         client = await LumberjackClient.connect("127.0.0.1", srv.port, settings=settings)

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from harness import host_port, running_gateway
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -381,7 +382,8 @@ async def test_half_received_windows_stay_within_the_budget() -> None:
             for stream in streams:
                 nursery.start_soon(stream.send_all, HALF_SENT)
             await wait_for(lambda: gw.budget.used >= gw.budget.limit)
-            await trio.sleep(0.5)
+            # Every connection is now waiting for room: none can take more.
+            await trio.testing.wait_all_tasks_blocked()
             nursery.cancel_scope.cancel()
         bound = gw.budget.limit + 8 * (WINDOW_MEMORY_FLOOR + PIECE + 64 * KiB + INFLATER_STATE)
         assert gw.budget.peak <= bound
@@ -399,7 +401,8 @@ async def test_a_peer_that_resets_while_its_input_waits_for_memory_frees_it_at_o
             for stream in streams:
                 nursery.start_soon(stream.send_all, HALF_SENT)
             await wait_for(lambda: gw.budget.used >= gw.budget.limit)
-            await trio.sleep(0.5)
+            # Every connection is now waiting for room: none can take more.
+            await trio.testing.wait_all_tasks_blocked()
             nursery.cancel_scope.cancel()
         start = trio.current_time()
         for stream in streams:
