@@ -18,6 +18,7 @@ import trio
 from harness import running_gateway
 
 from gateway.config.loader import Config, ConfigError, parse
+from gateway.core.destination import DestinationFigures, GroupFigures, LogFigures
 from gateway.core.model import Message
 from gateway.ops.admin import Admin, route
 from gateway.ops.reload import Plan, ReloadRefused, reload_file
@@ -28,9 +29,7 @@ from gateway.ops.view import (
     DestinationView,
     Fixed,
     GatewaySnapshot,
-    GroupView,
     ListenerView,
-    LogView,
     StoreView,
     UpstreamView,
 )
@@ -57,13 +56,13 @@ async def test_a_running_gateways_snapshot_round_trips_through_json(
         taken = gw.snapshot()
     sent = json.loads(json.dumps(taken.to_json()))
     assert GatewaySnapshot.from_json(sent) == taken
-    jobs = next(d for d in taken.destinations if d.name == "jobs")
-    assert (jobs.kind, jobs.backlog_messages) == ("queue", 2)
-    assert [(g.name, g.held, g.members) for g in jobs.groups] == [("queue", 2, 0)]
-    audit = next(d for d in taken.destinations if d.name == "audit")
+    jobs = next(d.figures for d in taken.destinations if d.name == "jobs")
+    assert (jobs.kind, jobs.backlog) == ("queue", 2)
+    assert [(g.name, g.backlog, g.members) for g in jobs.groups] == [("queue", 2, 0)]
+    audit = next(d.figures for d in taken.destinations if d.name == "audit")
     assert audit.log is not None
     assert (audit.log.first, audit.log.next) == (0, 1)
-    assert [(g.name, g.behind) for g in audit.groups] == [("readers", 1)]
+    assert [(g.name, g.backlog) for g in audit.groups] == [("readers", 1)]
     assert [u.name for u in taken.upstreams] == ["far"]
     # The status of the snapshot sent is the status of the snapshot taken.
     assert status(GatewaySnapshot.from_json(sent)) == status(taken)
@@ -84,24 +83,40 @@ def _snapshot(**changes: Any) -> GatewaySnapshot:
         destinations=(
             DestinationView(
                 "jobs",
-                "queue",
-                3,
-                600,
-                groups=(GroupView("queue", 0, 3, 0, held=3, held_bytes=600, full=False),),
-                received=3,
-                buffer_bytes=1 << 20,
-                buffer_messages=1000,
-                discarded=0,
-                filtered=0,
-                orphaned=0,
+                DestinationFigures(
+                    "queue",
+                    received=3,
+                    delivered=0,
+                    acked=0,
+                    backlog=3,
+                    backlog_bytes=600,
+                    kept=0,
+                    kept_bytes=0,
+                    kept_fill=0.0,
+                    full=False,
+                    groups=(GroupFigures("queue", 0, 3, 0, 3, 600, fill=0.5),),
+                    limit_bytes=1 << 20,
+                    limit_messages=1000,
+                    discarded=0,
+                ),
             ),
             DestinationView(
                 "audit",
-                "log",
-                5,
-                None,
-                groups=(GroupView("slow", 1, 0, 0, behind=5, committed=0, dropped=0),),
-                log=LogView(0, 5, 4000, 4096, "block", True, 1),
+                DestinationFigures(
+                    "log",
+                    received=5,
+                    delivered=5,
+                    acked=0,
+                    backlog=5,
+                    backlog_bytes=None,
+                    kept=5,
+                    kept_bytes=4000,
+                    kept_fill=4000 / 4096,
+                    full=True,
+                    groups=(GroupFigures("slow", 1, 0, 0, 5, committed=0),),
+                    limit_bytes=4096,
+                    log=LogFigures(0, 5, 4000, 4096, "block", blocked=1),
+                ),
             ),
         ),
         budget=BudgetView(limit=100, used=100, peak=100, exhausted=True),
@@ -138,6 +153,29 @@ def test_status_is_computed_from_a_snapshot_without_a_gateway() -> None:
         "members": 0,
         "full": False,
     }
+    audit = next(d for d in s["destinations"] if d["name"] == "audit")
+    assert audit["log"] == {
+        "first": 0,
+        "next": 5,
+        "bytes": 4000,
+        "retain": 4096,
+        "overflow": "block",
+        "full": True,
+        "blocked": 1,
+    }
+    assert audit["groups"] == [
+        {
+            "name": "slow",
+            "anonymous": False,
+            "queued": 0,
+            "unacked": 0,
+            "behind": 5,
+            "committed": 0,
+            "members": 1,
+            "dropped": 0,
+        }
+    ]
+    assert (audit["received"], audit["delivered"], audit["acked"]) == (5, 5, 0)
     subjects = [h["subject"] for h in s["hints"]]
     assert subjects == [
         "memory",

@@ -21,11 +21,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from gateway.core.destination import GroupFigures, LogFigures
 from gateway.ops.view import (
     DestinationView,
     GatewaySnapshot,
     GatewayView,
-    GroupView,
     ListenerView,
     StoreView,
     UpstreamView,
@@ -119,18 +119,15 @@ def _read_counters(taken: GatewaySnapshot) -> _Sample:
     for up in taken.upstreams:
         values[("upstreams", up.name, "messages_in")] = up.messages_in
     for d in taken.destinations:
-        values[("destinations", d.name, "backlog")] = float(d.backlog_messages)
-        for key, count in (
-            ("messages_in", d.received),
-            ("messages_out", d.delivered),
-            ("acked", d.acked),
-        ):
-            if count is not None:
-                values[("destinations", d.name, key)] = float(count)
+        f = d.figures
+        values[("destinations", d.name, "backlog")] = float(f.backlog)
+        values[("destinations", d.name, "messages_in")] = float(f.received)
+        values[("destinations", d.name, "messages_out")] = float(f.delivered)
+        values[("destinations", d.name, "acked")] = float(f.acked)
         upstream = d.name.removeprefix("upstream:")
-        if d.acked is not None and upstream != d.name:
+        if upstream != d.name:
             # What the peer acknowledged: the upstream's throughput.
-            values[("upstreams", upstream, "messages_out")] = float(d.acked)
+            values[("upstreams", upstream, "messages_out")] = float(f.acked)
     return values
 
 
@@ -177,7 +174,7 @@ def status(taken: GatewaySnapshot, tracker: StatusTracker | None = None) -> dict
     now = taken.time
     destinations = [_destination(d) for d in taken.destinations]
     if len(destinations) > MAX_DESTINATIONS:
-        destinations.sort(key=lambda d: -d["backlog"]["messages"])
+        destinations.sort(key=lambda d: -d["backlog"]["messages"])  # the largest stay
         del destinations[MAX_DESTINATIONS:]
     budget = taken.budget
     out: dict[str, Any] = {
@@ -254,49 +251,69 @@ def _upstream(up: UpstreamView, now: float) -> dict[str, Any]:
 
 
 def _destination(d: DestinationView) -> dict[str, Any]:
-    """One destination's status: its backlog and groups, and what its kind has."""
+    """One destination's status: its backlog and groups, and its buffers' bounds or the
+    log it keeps."""
+    f = d.figures
     out: dict[str, Any] = {
         "name": d.name,
-        "kind": d.kind,
-        "backlog": {"messages": d.backlog_messages, "bytes": d.backlog_bytes},
-        "groups": [_group(g) for g in d.groups],
+        "kind": f.kind,
+        "backlog": {"messages": f.backlog, "bytes": f.backlog_bytes},
     }
-    if d.buffer_bytes is not None or d.buffer_messages is not None:
-        out["limits"] = {"bytes": d.buffer_bytes, "messages": d.buffer_messages}
-    for key in ("discarded", "filtered", "orphaned"):
-        value = getattr(d, key)
-        if value is not None:
-            out[key] = value
-    if d.log is not None:
-        log = d.log
-        out["log"] = {
-            "first": log.first,
-            "next": log.next,
-            "bytes": log.bytes,
-            "retain": log.retain,
-            "overflow": log.overflow,
-            "full": log.full,
-            "blocked": log.blocked,
-            **({"partitions": log.partitions} if log.partitions else {}),
-        }
-    for key in ("received", "delivered", "acked"):
-        value = getattr(d, key)
-        if value is not None:
-            out[key] = value
+    if f.log is None:
+        # Groups with buffers of their own (a topic, a queue).
+        out["groups"] = [_buffered_group(g) for g in f.groups]
+        out["limits"] = {"bytes": f.limit_bytes, "messages": f.limit_messages}
+        out["discarded"] = f.discarded or 0
+        out["filtered"] = f.filtered
+        out["orphaned"] = f.kept
+    else:
+        out["groups"] = [_log_group(g) for g in f.groups]
+        out["log"] = _log(f.log, f.full)
+    out.update(received=f.received, delivered=f.delivered, acked=f.acked)
     return out
 
 
-#: A group's figures, in the order a status shows them; those that are None are left out.
-_GROUP_KEYS = ("queued", "unacked", "held", "held_bytes", "behind", "committed", "members")
+def _buffered_group(g: GroupFigures) -> dict[str, Any]:
+    """A topic's or queue's group: what it holds, and whether that is at its bounds."""
+    return {
+        "name": g.name,
+        "anonymous": g.anonymous,
+        "queued": g.queued,
+        "unacked": g.unacked,
+        "held": g.backlog,
+        "held_bytes": g.backlog_bytes,
+        "members": g.members,
+        "full": g.full,
+        **({"filter": g.filter} if g.filter is not None else {}),
+    }
 
 
-def _group(g: GroupView) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": g.name, "anonymous": g.anonymous}
-    for key in (*_GROUP_KEYS, "dropped", "full", "filter"):
-        value = getattr(g, key)
-        if value is not None:
-            out[key] = value
-    return out
+def _log_group(g: GroupFigures) -> dict[str, Any]:
+    """A log's group: how far behind the tail, its committed position, what it lost."""
+    return {
+        "name": g.name,
+        "anonymous": g.anonymous,
+        "queued": g.queued,
+        "unacked": g.unacked,
+        "behind": g.backlog,
+        "committed": g.committed,
+        "members": g.members,
+        "dropped": g.dropped,
+    }
+
+
+def _log(log: LogFigures, full: bool) -> dict[str, Any]:
+    """What a log keeps (a partitioned log: summed over its partitions)."""
+    return {
+        "first": log.first,
+        "next": log.next,
+        "bytes": log.retained_bytes,
+        "retain": log.retain_bytes,
+        "overflow": log.overflow,
+        "full": full,
+        "blocked": log.blocked,
+        **({"partitions": log.partitions} if log.partitions > 1 else {}),
+    }
 
 
 def hints(status: dict[str, Any]) -> list[dict[str, str]]:

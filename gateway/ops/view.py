@@ -23,15 +23,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from gateway.core.destination import DestinationFigures, GroupFigures, LogFigures
+
 __all__ = [
     "BudgetView",
     "DestinationView",
     "Fixed",
     "GatewaySnapshot",
     "GatewayView",
-    "GroupView",
     "ListenerView",
-    "LogView",
     "StoreView",
     "UpstreamView",
 ]
@@ -88,92 +88,30 @@ class UpstreamView:
 
 
 @dataclass(frozen=True)
-class GroupView:
-    """One group of a destination.
-
-    Every group has ``members``, ``queued`` and ``unacked``. A topic's or
-    queue's group also has what it holds (``held``, ``held_bytes``), whether
-    that is at its bounds (``full``) and its ``filter``; a log's group how far
-    it is ``behind`` the tail, its ``committed`` position and what retention
-    ``dropped`` before it read it. What does not apply is None.
-    """
-
-    name: str
-    members: int
-    queued: int
-    unacked: int
-    held: int | None = None
-    held_bytes: int | None = None
-    full: bool | None = None
-    filter: str | None = None
-    behind: int | None = None
-    committed: int | None = None
-    dropped: int | None = None
-
-    @property
-    def anonymous(self) -> bool:
-        """A group of one anonymous subscriber (the hub names them ``~…``)."""
-        return self.name.startswith("~")
-
-
-@dataclass(frozen=True)
-class LogView:
-    """What a log keeps: offsets, bytes against ``retain``, and whether it is full.
-
-    A partitioned log is shown summed over its partitions (offsets count
-    messages over all of them), full when any partition is.
-    """
-
-    first: int
-    next: int
-    bytes: int
-    retain: int
-    overflow: str
-    full: bool
-    #: Publishes waiting for room.
-    blocked: int
-    #: Partitions, when more than one.
-    partitions: int | None = None
-
-
-@dataclass(frozen=True)
 class DestinationView:
-    """One destination's figures: backlog, groups, counts, bounds.
+    """One destination by name, with its figures as the destination gave them.
 
-    ``kind`` is ``topic``, ``queue`` or ``log`` (a durable or partitioned log
-    too). ``backlog_messages`` is what it holds unsettled: a topic's or
-    queue's held copies, a log's largest uncommitted stretch of any group.
-    Topics and queues have ``buffer_bytes``/``buffer_messages`` (their
-    groups' bounds) and count ``discarded`` (no group), ``filtered`` (no
-    group's filter took it) and ``orphaned`` (left by departed anonymous
-    subscribers); logs have ``log``.
+    The figures (:class:`~gateway.core.destination.DestinationFigures`: kind,
+    backlog, groups, bounds, counts, the log it keeps) come through the
+    ``Destination`` interface, so nothing here depends on which class keeps
+    the messages.
     """
 
     name: str
-    kind: str
-    backlog_messages: int
-    backlog_bytes: int | None
-    groups: tuple[GroupView, ...] = ()
-    received: int | None = None
-    delivered: int | None = None
-    acked: int | None = None
-    buffer_bytes: int | None = None
-    buffer_messages: int | None = None
-    discarded: int | None = None
-    filtered: int | None = None
-    orphaned: int | None = None
-    log: LogView | None = None
+    figures: DestinationFigures
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DestinationView:
-        log = data.get("log")
-        return cls(
+        f = data["figures"]
+        log = f.get("log")
+        figures = DestinationFigures(
             **{
-                **data,
-                "groups": tuple(GroupView(**g) for g in data.get("groups", ())),
-                "log": LogView(**log) if log is not None else None,
+                **f,
+                "groups": tuple(GroupFigures(**g) for g in f.get("groups", ())),
+                "log": LogFigures(**log) if log is not None else None,
             }
         )
+        return cls(name=data["name"], figures=figures)
 
 
 @dataclass(frozen=True)
