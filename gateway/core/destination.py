@@ -238,6 +238,25 @@ class Subscription(ABC):
         """
 
     @abstractmethod
+    def take(self, max_count: int | None = None) -> list[Delivery]:
+        """What :meth:`receive` would return now, without waiting: ``[]`` where it would
+        wait (and for ``max_count=0``).
+
+        With :meth:`watch`, one task can serve several subscriptions under one
+        window: it takes from each no more than the window has room for, and
+        waits on all of them at once. Raises as :meth:`receive` does:
+        ``trio.ClosedResourceError`` once closed, :class:`EndOfStream` once a
+        finite read ended.
+        """
+
+    @abstractmethod
+    def watch(self, lot: trio.lowlevel.ParkingLot) -> None:
+        """Unpark every task in ``lot`` whenever this subscription may have something
+        new to take (whenever a waiting :meth:`receive` would wake: a message
+        arrived, credit or room came back, the subscription closed), until it
+        closes. A wake-up is a hint, to be checked with :meth:`take`."""
+
+    @abstractmethod
     def ack(self, tag: int) -> None:
         """The delivery is safe at the subscriber: settle its leg as delivered."""
 

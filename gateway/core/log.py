@@ -94,6 +94,19 @@ def positions(lo: int, hi: int, partition: int = 0) -> list[Position]:
     return list(map(tuple.__new__, repeat(Position), zip(range(lo, hi), repeat(partition))))
 
 
+def _matching_run(
+    f: Filter | None, messages: Sequence[Message], base: int, lo: int, covered: int, want: int
+) -> int:
+    """The end of the run from ``lo`` (which matches) of at most ``want`` entries that
+    ``f`` matches, within ``covered``."""
+    if f is None:
+        return min(covered, lo + want)
+    hi = lo + 1
+    while hi < covered and hi - lo < want and f.matches(messages[hi - base].headers):
+        hi += 1
+    return hi
+
+
 def _offset_of(where: Position | int, what: str, partition: int) -> int:
     if isinstance(where, Position):
         if where.partition != partition:
@@ -806,67 +819,88 @@ class LogSubscription(Subscription):
         """Up to ``n`` deliveries (redeliveries first), within the byte window less
         ``shared`` (see :meth:`take`); also moves the cursor past entries the filter
         skips and holes."""
-        log = self._log
-        g = self._group
-        out: list[Delivery] = []
-        tags = self._tags
-        tag_bytes = self._tag_bytes
         limit = self._max_unacked_bytes
         if shared and limit is not None:
             limit -= shared
-        held = self._unacked_bytes
-        partition = log.partition
-        end = self._end
-        full = False
-        moved = False
+        out: list[Delivery] = []
+        full = moved = False
+        if n > 0 and self._group.redeliver:
+            full, moved = self._take_returned(out, n, limit, shared)
+        if self._take_new(out, n, limit, shared, full):
+            moved = True
+        if self._credit is not None:
+            self._credit -= len(out)
+        self._log.delivered += len(out)
+        if moved:
+            self._log._advanced(self._group)
+        return out
+
+    def _take_returned(
+        self, out: list[Delivery], n: int, limit: int | None, shared: int
+    ) -> tuple[bool, bool]:
+        """Redeliveries into ``out``, lowest offset first, up to ``n`` in all: whether the
+        byte window is full, and whether the committed position moved (unreadable
+        ones are dropped for the group)."""
+        log = self._log
+        g = self._group
         heap = g.redeliver
+        tags = self._tags
+        tag_bytes = self._tag_bytes
+        end = self._end
         recent, recent_base, recent_first = log._recent, log._recent_base, log._recent_first
-        if heap and n > 0:
-            # Never below the first retained offset: eviction and _requeue see to it.
-            while heap and len(out) < n:
-                offset = heap[0]
-                if end is not None and offset >= end:
-                    break
-                if offset >= recent_first:
-                    message = recent[offset - recent_base]
-                else:
-                    messages, base, _ = log._read(offset, offset + 1)
-                    message = messages[offset - base]
-                    if offset in log._holes:
-                        heapq.heappop(heap)
-                        g.dropped += 1
-                        moved |= g.settle((offset,))
-                        continue
-                size = log._size(offset)
-                if limit is not None and (tags or shared) and held + size > limit:
-                    full = True
-                    break
-                heapq.heappop(heap)
-                tag = self._next_tag
-                self._next_tag = tag + 1
-                tags[tag] = offset
-                if tag_bytes is not None:
-                    tag_bytes[tag] = size
-                held += size
-                out.append(new_delivery((tag, message, True, Position(offset, partition), None)))
-        stop = log.tail if end is None else min(log.tail, end)
+        held = self._unacked_bytes
+        full = moved = False
+        # Never below the first retained offset: eviction and _requeue see to it.
+        while heap and len(out) < n:
+            offset = heap[0]
+            if end is not None and offset >= end:
+                break
+            if offset >= recent_first:
+                message = recent[offset - recent_base]
+            else:
+                messages, base, _ = log._read(offset, offset + 1)
+                message = messages[offset - base]
+                if offset in log._holes:
+                    heapq.heappop(heap)
+                    g.dropped += 1
+                    moved |= g.settle((offset,))
+                    continue
+            size = log._size(offset)
+            if limit is not None and (tags or shared) and held + size > limit:
+                full = True
+                break
+            heapq.heappop(heap)
+            tag = self._next_tag
+            self._next_tag = tag + 1
+            tags[tag] = offset
+            if tag_bytes is not None:
+                tag_bytes[tag] = size
+            held += size
+            out.append(new_delivery((tag, message, True, Position(offset, log.partition), None)))
+        self._unacked_bytes = held
+        return full, moved
+
+    def _take_new(
+        self, out: list[Delivery], n: int, limit: int | None, shared: int, full: bool
+    ) -> bool:
+        """Entries from the group's cursor into ``out``, up to ``n`` in all and within the
+        byte window (unless it is ``full`` already); the cursor also moves past holes
+        and entries the filter skips. Whether the committed position moved."""
+        log = self._log
+        g = self._group
+        recent_first = log._recent_first
+        stop = log.tail if self._end is None else min(log.tail, self._end)
         f = g.filter
+        moved = False
         while g.cursor < stop:
             lo = g.cursor
             if lo >= recent_first:
-                messages, base, covered = recent, recent_base, stop
+                messages, base, covered = log._recent, log._recent_base, stop
             else:
                 messages, base, covered = log._read(lo, min(stop, recent_first))
-                holes = log._holes
                 covered = log._readable(lo, covered)
-                if covered == lo:
-                    # Unreadable: never delivered; dropped for this group.
-                    hi = lo + 1
-                    while hi < stop and hi in holes:
-                        hi += 1
-                    g.dropped += hi - lo
-                    g.cursor = hi
-                    moved |= g.settle_run(lo, hi)
+                if covered == lo:  # unreadable: never delivered; dropped for this group
+                    moved |= self._drop_unreadable(lo, stop)
                     continue
             if f is not None:
                 hi = lo
@@ -878,52 +912,65 @@ class LogSubscription(Subscription):
                     continue
             if full or len(out) >= n:
                 break
-            want = n - len(out)
-            if f is None:
-                hi = min(covered, lo + want)
-            else:
-                hi = lo + 1
-                while hi < covered and hi - lo < want and f.matches(messages[hi - base].headers):
-                    hi += 1
+            hi = _matching_run(f, messages, base, lo, covered, n - len(out))
             if limit is not None:
-                # The longest run that fits the byte window; one entry alone if none does.
-                budget = log._cum(lo) + limit - held
-                ebase = log._base
-                fit = bisect.bisect_right(log._ends, budget, lo - ebase, hi - ebase) + ebase
-                if fit == lo:
-                    if tags or shared:
-                        full = True
-                        continue
-                    fit = lo + 1
-                elif fit < hi:
-                    full = True
-                hi = fit
-            k = hi - lo
-            tag0 = self._next_tag
-            self._next_tag = tag0 + k
-            run_tags = range(tag0, tag0 + k)
-            tags.update(zip(run_tags, range(lo, hi), strict=True))
-            if tag_bytes is not None:
-                tag_bytes.update(zip(run_tags, log._sizes_of(lo, hi), strict=True))
-            held += log._cum(hi) - log._cum(lo)
-            out += map(
-                new_delivery,
-                zip(
-                    run_tags,
-                    messages[lo - base : hi - base],
-                    repeat(False),
-                    positions(lo, hi, partition),
-                    repeat(None),
-                ),
-            )
-            g.cursor = hi
-        self._unacked_bytes = held
-        if self._credit is not None:
-            self._credit -= len(out)
-        log.delivered += len(out)
-        if moved:
-            log._advanced(g)
-        return out
+                hi, full = self._fit(lo, hi, limit, shared)
+                if hi == lo:
+                    continue
+            self._hand_out(out, messages, base, lo, hi)
+        return moved
+
+    def _drop_unreadable(self, lo: int, stop: int) -> bool:
+        """Move the cursor past the unreadable entries from ``lo`` (holes), dropped for
+        the group; whether the committed position moved."""
+        g = self._group
+        holes = self._log._holes
+        hi = lo + 1
+        while hi < stop and hi in holes:
+            hi += 1
+        g.dropped += hi - lo
+        g.cursor = hi
+        return g.settle_run(lo, hi)
+
+    def _fit(self, lo: int, hi: int, limit: int, shared: int) -> tuple[int, bool]:
+        """The end of the longest run from ``lo`` (up to ``hi``) that fits the byte window
+        (one entry alone if none does and nothing is held), and whether the window is
+        full after it."""
+        log = self._log
+        budget = log._cum(lo) + limit - self._unacked_bytes
+        ebase = log._base
+        fit = bisect.bisect_right(log._ends, budget, lo - ebase, hi - ebase) + ebase
+        if fit == lo:
+            if self._tags or shared:
+                return lo, True
+            return lo + 1, False
+        return fit, fit < hi
+
+    def _hand_out(
+        self, out: list[Delivery], messages: Sequence[Message], base: int, lo: int, hi: int
+    ) -> None:
+        """Deliver entries ``lo`` to ``hi`` (``messages[o - base]`` for offset ``o``) and
+        move the cursor past them."""
+        log = self._log
+        k = hi - lo
+        tag0 = self._next_tag
+        self._next_tag = tag0 + k
+        run_tags = range(tag0, tag0 + k)
+        self._tags.update(zip(run_tags, range(lo, hi), strict=True))
+        if self._tag_bytes is not None:
+            self._tag_bytes.update(zip(run_tags, log._sizes_of(lo, hi), strict=True))
+        self._unacked_bytes += log._cum(hi) - log._cum(lo)
+        out += map(
+            new_delivery,
+            zip(
+                run_tags,
+                messages[lo - base : hi - base],
+                repeat(False),
+                positions(lo, hi, log.partition),
+                repeat(None),
+            ),
+        )
+        self._group.cursor = hi
 
     def _settled(self, offsets: list[int], nbytes: int) -> None:
         self._unacked_bytes -= nbytes

@@ -195,6 +195,34 @@ class _Lease:
         return out
 
 
+class _Waiters:
+    """A group's members waiting in ``receive``, and the lots of tasks that watch its
+    members (:meth:`TopicSubscription.watch`): whatever wakes the one wakes the others.
+
+    Stands where a ``ParkingLot`` would (``park``, ``unpark_all``, truth), so every
+    place that wakes waiting members wakes the watchers too.
+    """
+
+    __slots__ = ("lot", "watchers")
+
+    def __init__(self) -> None:
+        self.lot = trio.lowlevel.ParkingLot()
+        self.watchers: list[trio.lowlevel.ParkingLot] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.watchers) or bool(self.lot)
+
+    def unpark_all(self) -> None:
+        if self.lot:
+            self.lot.unpark_all()
+        for lot in self.watchers:
+            if lot:
+                lot.unpark_all()
+
+    async def park(self) -> None:
+        await self.lot.park()
+
+
 class _Group:
     __slots__ = (
         "anonymous",
@@ -225,8 +253,8 @@ class _Group:
         self.used_bytes = 0
         self.used_count = 0
         self.members: list[TopicSubscription] = []
-        #: Members waiting for a copy to arrive.
-        self.waiters = trio.lowlevel.ParkingLot()
+        #: Members waiting for a copy to arrive, and tasks watching the group.
+        self.waiters = _Waiters()
 
     def queued(self) -> int:
         return sum(s.end - s.start for s in self.queue)
@@ -698,6 +726,8 @@ class TopicSubscription(Subscription):
         self._unacked_bytes = 0
         self._next_tag = 1
         self._closed = False
+        #: Lots this subscription wakes besides its own waiters (:meth:`watch`).
+        self._watching: list[trio.lowlevel.ParkingLot] = []
 
     @property
     def credit(self) -> int | None:
@@ -735,10 +765,23 @@ class TopicSubscription(Subscription):
                     return out
             await g.waiters.park()
 
+    def take(self, max_count: int | None = None) -> list[Delivery]:
+        """What :meth:`receive` would return now, without waiting (``[]``: it would wait)."""
+        if self._closed:
+            raise trio.ClosedResourceError("subscription closed")
+        n = self._room()
+        if max_count is not None:
+            n = min(n, max_count)
+        return self._take(n) if n > 0 and self._group.queue else []
+
+    def watch(self, lot: trio.lowlevel.ParkingLot) -> None:
+        """Wake ``lot`` whenever a waiting :meth:`receive` would wake, until closed."""
+        self._watching.append(lot)
+        self._group.waiters.watchers.append(lot)
+
     def _take(self, n: int) -> list[Delivery]:
         """Up to ``n`` copies from the head of the group's queue, within the byte window."""
         queue = self._group.queue
-        limit = self._max_unacked_bytes
         out: list[Delivery] = []
         taken = 0
         while taken < n and queue:
@@ -751,21 +794,9 @@ class TopicSubscription(Subscription):
                 self._topic._freed(self._group, piece.end - piece.start, piece.nbytes())
                 continue
             lo = piece.start
-            hi = min(piece.end, lo + n - taken)
-            if limit is None:
-                nbytes = sum(run.sizes[lo:hi])
-            else:
-                # Within the byte window; a copy larger than all of it goes alone.
-                nbytes = 0
-                held = self._unacked_bytes
-                sizes = run.sizes
-                for i in range(lo, hi):
-                    if (self._unacked or i > lo) and held + nbytes + sizes[i] > limit:
-                        hi = i
-                        break
-                    nbytes += sizes[i]
-                if hi == lo:
-                    break
+            hi, nbytes = self._fit(run, lo, min(piece.end, lo + n - taken))
+            if hi == lo:
+                break
             tag0 = self._next_tag
             k = hi - lo
             self._next_tag = tag0 + k
@@ -792,6 +823,21 @@ class TopicSubscription(Subscription):
             self._credit -= taken
         self._topic.delivered += taken
         return out
+
+    def _fit(self, run: _Run, lo: int, hi: int) -> tuple[int, int]:
+        """How far from ``lo`` (up to ``hi``) the copies of ``run`` fit the byte window,
+        and their bytes; a copy larger than all of it goes alone."""
+        sizes = run.sizes
+        limit = self._max_unacked_bytes
+        if limit is None:
+            return hi, sum(sizes[lo:hi])
+        nbytes = 0
+        held = self._unacked_bytes
+        for i in range(lo, hi):
+            if (self._unacked or i > lo) and held + nbytes + sizes[i] > limit:
+                return i, nbytes
+            nbytes += sizes[i]
+        return hi, nbytes
 
     def _lease_of(self, tag: int) -> int:
         """The index in ``_leases`` of the lease that holds ``tag``, or -1."""
@@ -930,6 +976,11 @@ class TopicSubscription(Subscription):
             _return_in_order(self._group, returned)
         if self in self._group.members:
             self._topic._leave(self)
+        if self._watching:
+            watchers = self._group.waiters.watchers
+            for lot in self._watching:
+                watchers.remove(lot)
+            self._watching.clear()
 
 
 def _return_in_order(group: _Group, pieces: list[_Slice]) -> None:

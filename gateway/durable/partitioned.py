@@ -331,6 +331,8 @@ class PartitionedSubscription(Subscription):
         self._lot = trio.lowlevel.ParkingLot()
         for part in self._parts:
             part.watch(self._lot)
+        #: Lots of tasks that watch this subscription (:meth:`watch`), woken by a grant.
+        self._watching: list[trio.lowlevel.ParkingLot] = []
 
     @property
     def credit(self) -> int | None:
@@ -356,17 +358,25 @@ class PartitionedSubscription(Subscription):
         if self._credit is not None:
             self._credit += n
             self._lot.unpark_all()
+            for lot in self._watching:
+                lot.unpark_all()
 
     async def receive(self, max_count: int | None = None) -> list[Delivery]:
         while True:
-            out = self._take(max_count)
+            out = self.take(max_count)
             if out:
                 return out
             await self._lot.park()
 
-    def _take(self, max_count: int | None) -> list[Delivery]:
+    def watch(self, lot: trio.lowlevel.ParkingLot) -> None:
+        """Wake ``lot`` whenever any partition may have something new, or credit came."""
+        self._watching.append(lot)
+        for part in self._parts:
+            part.watch(lot)
+
+    def take(self, max_count: int | None = None) -> list[Delivery]:
         """What the partitions have now, within the one credit and unacked window,
-        starting at the partition after the previous start."""
+        starting at the partition after the previous start (``[]``: nothing)."""
         if self._closed:
             raise trio.ClosedResourceError("subscription closed")
         if self._ended:
@@ -464,6 +474,9 @@ class PartitionedSubscription(Subscription):
         for part in self._parts:
             part.close()
         self._lot.unpark_all()
+        for lot in self._watching:
+            lot.unpark_all()
+        self._watching.clear()
 
 
 class _Scatter:
