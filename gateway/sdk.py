@@ -23,6 +23,9 @@ The names, by what they are for:
   ``Lifecycle``, ``CodecState``, ``WrongState``; ``CodecCase``, ``Golden``,
   ``conformance`` (the checks), ``splits``;
 * a driver's toolkit: ``Session``, ``NotKept``;
+* the subscriber toolkit (pumps, peer tags, acks back to the hub):
+  ``Subscriber``, ``Feed``, ``FeedStop``, ``Demand``, ``MAX_DEMAND``,
+  ``SerialSpace``, ``UnknownTag``, ``NotACall``;
 * the plugin interface: ``ProtocolPlugin``, ``PluginEnv``, ``PluginError``,
   ``ServerConnection``, ``ConnectionInfo``, ``ListenerSettings``,
   ``Upstream``, ``UpstreamContext``, ``Backoff``, ``Option``, ``REQUIRED``,
@@ -75,6 +78,8 @@ if TYPE_CHECKING:
         describe_error,
     )
     from gateway.protocol.session import NotKept, Session
+    from gateway.protocol.subscriber import MAX_DEMAND, Demand, Feed, FeedStop, Subscriber
+    from gateway.protocol.tags import NotACall, SerialSpace, UnknownTag
     from gateway.store import Segment, SegmentTruncated, Store
     from gateway.store.segment import SegmentDamaged
     from gateway.transports.base import address_host
@@ -135,6 +140,11 @@ _WHERE: dict[str, tuple[str, str]] = {
     },
     "NotKept": ("gateway.protocol.session", "NotKept"),
     "Session": ("gateway.protocol.session", "Session"),
+    **{
+        n: ("gateway.protocol.subscriber", n)
+        for n in ("MAX_DEMAND", "Demand", "Feed", "FeedStop", "Subscriber")
+    },
+    **{n: ("gateway.protocol.tags", n) for n in ("NotACall", "SerialSpace", "UnknownTag")},
     **{n: ("gateway.store", n) for n in ("Segment", "SegmentTruncated", "Store")},
     "SegmentDamaged": ("gateway.store.segment", "SegmentDamaged"),
     "address_host": ("gateway.transports.base", "address_host"),
@@ -162,6 +172,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "MAX_DEMAND",
     "NEED_DATA",
     "NOTHING",
     "REQUIRED",
@@ -172,7 +183,10 @@ __all__ = [
     "ConnectionInfo",
     "Count",
     "Delivery",
+    "Demand",
     "EndOfStream",
+    "Feed",
+    "FeedStop",
     "Filter",
     "FilterError",
     "Golden",
@@ -183,6 +197,7 @@ __all__ = [
     "Message",
     "Metrics",
     "NeedData",
+    "NotACall",
     "NotKept",
     "Observe",
     "Option",
@@ -200,6 +215,7 @@ __all__ = [
     "Segment",
     "SegmentDamaged",
     "SegmentTruncated",
+    "SerialSpace",
     "ServerConnection",
     "Session",
     "Source",
@@ -207,9 +223,11 @@ __all__ = [
     "StopAt",
     "StorageFull",
     "Store",
+    "Subscriber",
     "Subscription",
     "TcpTransport",
     "UnixTransport",
+    "UnknownTag",
     "Upstream",
     "UpstreamContext",
     "WrongState",

@@ -54,7 +54,7 @@ import logging
 import math
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -65,6 +65,9 @@ from gateway.protocol.answers import AnswerFn, Answers
 from gateway.protocol.events import NEED_DATA, ConnectionClosed
 from gateway.protocol.guard import guard_of, hangup_probe
 from gateway.transports.nowait import NowaitSender, nowait_sender
+
+if TYPE_CHECKING:
+    from gateway.protocol.subscriber import Subscriber
 
 __all__ = ["Codec", "NotKept", "Session"]
 
@@ -118,6 +121,12 @@ class Session:
     #: Keep reading after ``shutdown`` is set (the peer still sends acks for our
     #: deliveries); False stops reading at once.
     read_while_draining = False
+    #: The connection's subscriber side (:mod:`gateway.protocol.subscriber`), once the
+    #: protocol made one (in :meth:`started`): deliveries the peer has not settled
+    #: are :meth:`busy`, open subscriptions :meth:`pending`; :meth:`draining` stops
+    #: its pumps, a protocol error too, and it is closed when :meth:`run` ends (what
+    #: the peer did not ack goes back to the hub).
+    subscriber: Subscriber | None = None
     #: Reads may be given a deadline (:meth:`set_deadline`). A protocol that never
     #: sets one, and runs without ``unit_timeout``, says False: its reads then go
     #: without a cancel scope each, which costs more than a read of a few frames.
@@ -233,11 +242,15 @@ class Session:
         """The peer closed its side; raise if that is an error in this role."""
 
     def draining(self) -> None:
-        """``shutdown`` was set: take no new work from now on."""
+        """``shutdown`` was set: take no new work from now on (by default: no new
+        deliveries from :attr:`subscriber`)."""
+        if self.subscriber is not None:
+            self.subscriber.drain()
 
     def busy(self) -> bool:
-        """Work outside :attr:`answers` that a drain waits for (unacked deliveries)."""
-        return False
+        """Work outside :attr:`answers` that a drain waits for (by default: deliveries
+        of :attr:`subscriber` not settled)."""
+        return self.subscriber is not None and self.subscriber.busy()
 
     def ended_by(self, error: RemoteProtocolError | NotKept | trio.TooSlowError) -> None:
         """:meth:`serve` is about to log what the peer's side ended the connection with."""
@@ -389,8 +402,11 @@ class Session:
         self._reading.cancel()
 
     def pending(self) -> bool:
-        """Whether anything is owed or unsent (the idle timeout keeps the connection)."""
-        return bool(len(self.answers) or self._out or self._sending or self.busy())
+        """Whether anything is owed or unsent, or a subscription is open (the idle
+        timeout keeps the connection)."""
+        if len(self.answers) or self._out or self._sending or self.busy():
+            return True
+        return self.subscriber is not None and self.subscriber.pending()
 
     async def flush(self) -> None:
         """Wait until everything queued so far is written."""
@@ -474,6 +490,8 @@ class Session:
                 nursery.cancel_scope.cancel()
         finally:
             self._send_nowait = None
+            if self.subscriber is not None:
+                self.subscriber.close()  # what the peer did not ack goes back to the hub
             self.finished()
             if guard is not None and guard.account is not None:
                 guard.account.hold(0)
@@ -646,8 +664,11 @@ class Session:
             self._unit_started += trio.current_time() - paused
 
     async def _fail(self, error: RemoteProtocolError) -> None:
-        """Nothing more is answered; the error reply (if any) goes out, then we close."""
+        """Nothing more is answered or delivered; the error reply (if any) goes out, then
+        we close."""
         self._failed = True
+        if self.subscriber is not None:
+            self.subscriber.drain()
         reply = self.error_reply(error)
         if reply:
             self.write(reply)
