@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from harness import running_gateway
 
 from gateway.config.loader import ConfigError, parse
@@ -284,7 +285,7 @@ async def test_a_partial_ack_acks_the_prefix_and_only_the_tail_is_resent() -> No
         assert (await read_window(conn)).payloads == [body(i) for i in range(1, 6)]
         await conn.send_all(a(3))
         await settled(receipts[:3])
-        await trio.sleep(0.1)
+        await trio.testing.wait_all_tasks_blocked()  # the ack was taken in whole
         assert outcomes(receipts) == [Outcome.DELIVERED] * 3 + [None, None]
         await conn.aclose()  # the server dies with events 4 and 5 unacked
         again = await server.accept()
@@ -309,7 +310,9 @@ async def test_partial_acks_then_the_full_ack_on_the_same_connection() -> None:
         assert await server.no_connection_within(0.2)
 
 
-async def test_keepalives_hold_the_connection_past_the_read_timeout() -> None:
+async def test_keepalives_hold_the_connection_past_the_read_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with raw_upstream(timeout="300ms") as (server, gw):
         receipts = await publish_each(gw, [body(1), body(2)])
         conn = await server.accept()
@@ -368,7 +371,7 @@ async def test_a_bad_answer_makes_the_upstream_reconnect_and_resend(name: str) -
 async def test_an_ack_with_no_window_in_flight_makes_the_upstream_reconnect() -> None:
     async with raw_upstream() as (server, gw):
         conn = await server.accept()
-        await trio.sleep(0.1)
+        await trio.testing.wait_all_tasks_blocked()  # connected and reading, nothing in flight
         await conn.send_all(a(1))
         await wait_closed(conn)
         receipts = await publish_each(gw, [body(1)])
@@ -378,7 +381,9 @@ async def test_an_ack_with_no_window_in_flight_makes_the_upstream_reconnect() ->
         await settled(receipts)
 
 
-async def test_only_keepalives_for_the_stall_timeout_make_the_upstream_move_on() -> None:
+async def test_only_keepalives_for_the_stall_timeout_make_the_upstream_move_on(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with raw_upstream(timeout="200ms", stall_timeout="600ms") as (server, gw):
         receipts = await publish_each(gw, [body(1), body(2)])
         conn = await server.accept()
@@ -433,7 +438,7 @@ async def test_acks_are_matched_to_windows_in_order() -> None:
         # "A 2": the first window (3 events) is acked up to 2, nothing of the second.
         await conn.send_all(a(2))
         await settled(receipts[:2])
-        await trio.sleep(0.1)
+        await trio.testing.wait_all_tasks_blocked()  # the ack was taken in whole
         assert outcomes(receipts)[2:] == [None, None, None]
         await conn.send_all(a(3) + a(2))
         assert await settled(receipts) == [Outcome.DELIVERED] * 5
@@ -499,7 +504,9 @@ async def test_failover_moves_to_the_next_host_when_the_first_dies() -> None:
     assert payloads(batches_b) == [body(1)]
 
 
-async def test_ttl_reconnects_under_load_without_loss_or_duplicates() -> None:
+async def test_ttl_reconnects_under_load_without_loss_or_duplicates(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     n = 300
     async with library_server(acker=False) as (port, batches):
         config = upstream_config(f"127.0.0.1:{port}", ttl="150ms", bulk_max_size=10)
@@ -523,7 +530,9 @@ async def test_ttl_reconnects_under_load_without_loss_or_duplicates() -> None:
     assert len({b.peer for b in batches}) >= 2, "the TTL never made the upstream reconnect"
 
 
-async def test_ttl_also_reconnects_an_idle_upstream() -> None:
+async def test_ttl_also_reconnects_an_idle_upstream(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with (
         library_server() as (port, batches),
         running_gateway(upstream_config(f"127.0.0.1:{port}", ttl="150ms")) as gw,
@@ -536,7 +545,9 @@ async def test_ttl_also_reconnects_an_idle_upstream() -> None:
     assert len({b.peer for b in batches}) == 3
 
 
-async def test_a_server_restarted_on_the_same_port_gets_the_unacked_window() -> None:
+async def test_a_server_restarted_on_the_same_port_gets_the_unacked_window(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     """The server dies holding a window; a new one on the same port receives it."""
     async with raw_upstream() as (server, gw):
         receipts = await publish_each(gw, [body(1), body(2)])
