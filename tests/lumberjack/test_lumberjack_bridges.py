@@ -22,6 +22,7 @@ import pytest
 import trio
 from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
+from waits import subscribed, until
 
 from gateway.config.certs import init_dir
 from gateway.config.loader import parse
@@ -74,6 +75,11 @@ def relayed(body: bytes) -> dict[str, Any]:
     return event
 
 
+def upstream_failures(gw: Gateway) -> float:
+    """Connections of the ``next`` upstream that failed (to connect, or later)."""
+    return gw.metrics.value("interchange_upstream_failures_total", {"upstream": "next"}) or 0
+
+
 def plain(*listeners: dict[str, Any]) -> dict[str, Any]:
     return {"gateway": {"drain_timeout": "100ms"}, "listeners": list(listeners)}
 
@@ -124,6 +130,7 @@ async def test_lumberjack_to_an_ndjson_subscriber_acks_after_the_subscriber() ->
     async with running_gateway(plain(lj_listener(), nd_listener())) as gw:
         sub = await NdjsonClient.connect(*host_port(gw.addresses["nd"][0]))
         await sub.subscribe("logs")
+        await subscribed(gw, "logs")
         events = [{"message": "one", "n": 1}, {"message": "two", "n": 2}, {"message": "3"}]
         async with await lj_client(gw) as sender, trio.open_nursery() as nursery:
             sending = Sending()
@@ -143,6 +150,7 @@ async def test_lumberjack_v1_events_reach_ndjson_as_headers() -> None:
     async with running_gateway(plain(lj_listener(), nd_listener())) as gw:
         sub = await NdjsonClient.connect(*host_port(gw.addresses["nd"][0]))
         await sub.subscribe("logs")
+        await subscribed(gw, "logs")
         stream = await trio.open_tcp_stream(*host_port(gw.addresses["lj"][0]))
         # A v1 window by hand: LumberjackClient only writes J frames.
         await stream.send_all(
@@ -287,7 +295,9 @@ async def test_relay_end_to_end_with_the_library_client() -> None:
             pytest.fail(f"duplicate delivery: {await tap.receive()}")
 
 
-async def test_relay_through_a_slow_consumer_survives_on_keepalives() -> None:
+async def test_relay_through_a_slow_consumer_survives_on_keepalives(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     """Timeouts of 0.5 s on both hops, a consumer that takes 2 s: nothing resent."""
     keepalive = {"keepalive": "100ms"}
     async with relay(lj_listener("b", **keepalive), lj_listener(**keepalive), timeout="500ms") as (
@@ -348,7 +358,8 @@ async def test_relay_loses_nothing_acked_when_the_last_gateway_restarts() -> Non
                 with trio.fail_after(5):
                     await b1_stopped.wait()
                 assert acked_by_sender == list(range(10))
-                await trio.sleep(0.2)  # B is down; A's upstream retries meanwhile
+                # B is down: A's upstream fails to reconnect, and keeps retrying.
+                await until(lambda: upstream_failures(a) >= 1)
                 async with running_gateway(plain(lj_listener("b", bind=address))) as b2:
                     tap2 = b2.hub.subscribe("logs")
 
