@@ -21,6 +21,7 @@ from typing import Any
 import pylogbeat
 import pytest
 import trio
+import trio.testing
 from harness import host_port, running_gateway
 
 from gateway.config.certs import init_dir
@@ -108,7 +109,7 @@ async def test_pylogbeat_windows_arrive_once_each_and_are_acked(
                 )
             # send() returned for every window: each event was acked, hence delivered.
             assert len(got) >= 358
-            await trio.sleep(0.1)  # nothing more may arrive (no resends)
+            await trio.testing.wait_all_tasks_blocked()  # nothing more arrives (no resends)
             nursery.cancel_scope.cancel()
     assert last_seq == 358  # the sequence ran on across the four windows
     ids = [json.loads(x.message.body)["id"] for x in got]
@@ -145,6 +146,7 @@ async def test_pylogbeat_waits_through_a_slow_consumer_thanks_to_keepalives() ->
 
         async def slow_consumer() -> None:
             got = await sub.receive()
+            # Real time: pylogbeat's 0.5 s socket timeout runs in its own thread.
             await trio.sleep(1.5)
             sub.ack_many(x.tag for x in got)
 
@@ -258,7 +260,7 @@ async def test_npm_lumberjack_protocol_v1_client_over_mtls(
                     capture_stderr=True,
                     check=False,
                 )
-            await trio.sleep(0.1)
+            await trio.testing.wait_all_tasks_blocked()  # nothing more arrives (no resends)
             nursery.cancel_scope.cancel()
     report = json.loads(result.stdout.decode().strip().splitlines()[-1])
     # The client asserts each ack's version byte is '1': a "2A" would have disconnected it.
