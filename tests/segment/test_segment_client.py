@@ -241,7 +241,7 @@ async def test_a_cut_connection_loses_and_duplicates_nothing(tmp_path: Path) -> 
             for i in range(0, len(events), 10):  # ten at a time: several blocks in flight
                 for payload in events[i : i + 10]:
                     handles.append(await writer.submit("cut", payload))
-                await trio.sleep(0.005)
+                await trio.sleep(0.005)  # real time: the writer closes a block after 20 ms
             with trio.fail_after(10):
                 numbers = [(await h.wait()).event_number for h in handles]
         assert numbers == list(range(1, 301))
@@ -443,7 +443,9 @@ async def test_a_reader_follows_the_tail(tmp_path: Path) -> None:
         assert events.position == 13
 
         async def later() -> None:
-            await trio.sleep(0.3)  # past a few empty replies at the tail
+            # Past a few empty replies at the tail. Real time: the store appends in a
+            # worker thread, which the mock clock would not wait for.
+            await trio.sleep(0.3)
             await writer.append_many("s", [b"late", b"later"])
 
         async with trio.open_nursery() as nursery:

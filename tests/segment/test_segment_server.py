@@ -249,7 +249,10 @@ async def test_an_incompatible_hello_is_answered_then_closed(tmp_path: Path) -> 
         assert await peer.closed() == [Hello(17, 5)]
 
 
-async def test_keepalives_are_echoed_and_keep_the_connection(tmp_path: Path) -> None:
+async def test_keepalives_are_echoed_and_keep_the_connection(
+    tmp_path: Path,
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     async with gateway(tmp_path, idle_timeout="300ms") as gw, connect(gw) as peer:
         for _ in range(4):
             await trio.sleep(0.15)  # past the idle timeout in all, kept open by keepalives

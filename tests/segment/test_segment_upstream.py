@@ -120,7 +120,7 @@ async def test_a_cut_connection_duplicates_nothing_remotely(tmp_path: Path) -> N
             receipts = []
             for i in range(0, 400, 20):
                 receipts += [await relay.hub.publish([Message("logs", b)]) for b in bodies(20, i)]
-                await trio.sleep(0.005)
+                await trio.sleep(0.005)  # paced (real time): several blocks in flight at the cut
             assert await settled(receipts) == [Outcome.DELIVERED] * 400
             assert cutter.connections == 2
             resent = relay.metrics.value(
