@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
 
@@ -184,8 +185,14 @@ async def test_rates_count_the_bytes_a_listener_received() -> None:
         with trio.fail_after(TIMEOUT):
             await status(gw)  # a first sample
             await pub.publish_nowait([b"x" * 1000])
-            await trio.sleep(1.2)
-            s = await status(gw)
+            # Rates compare samples at least 0.25 s apart (wall clock): ask until one shows it.
+            s: dict[str, Any] = {}
+
+            async def counted() -> bool:
+                s.update(await status(gw))
+                return bool(s["rates"]["listeners"].get("nd", {}).get("bytes_in"))
+
+            await until(counted, "the rates to count the publish")
             assert s["rates"]["window_s"] > 0
             assert s["rates"]["listeners"]["nd"]["bytes_in"] > 0
             # The queue's backlog grew: its rate of change is positive.
@@ -331,7 +338,7 @@ async def test_a_connection_beyond_max_connections_gets_503() -> None:
             host, port = host_port(gw.admin_addresses[0])
             held = await trio.open_tcp_stream(host, port)
             async with held:
-                await trio.sleep(0.1)  # accepted and being served
+                await trio.testing.wait_all_tasks_blocked()  # accepted and being served
                 reply = await get(gw, "/healthz")
                 assert reply.status == 503
                 assert b"too many admin connections" in reply.body
