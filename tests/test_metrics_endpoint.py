@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import pytest
 import trio
+import trio.testing
 from harness import host_port, running_gateway
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -494,7 +495,9 @@ async def test_a_silent_client_is_disconnected_after_the_idle_timeout() -> None:
                 await stream.aclose()
 
 
-async def test_a_client_sending_within_the_idle_timeout_is_kept() -> None:
+async def test_a_client_sending_within_the_idle_timeout_is_kept(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     config = metrics_config(metrics={"bind": "127.0.0.1:0", "idle_timeout": "1s"})
     async with running_gateway(config) as gw:
         with trio.fail_after(TIMEOUT):
@@ -557,7 +560,9 @@ async def test_connections_beyond_max_connections_get_503_and_are_closed(
             await idle[0].aclose()
 
 
-async def test_refusals_are_bounded_too() -> None:
+async def test_refusals_are_bounded_too(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     """A refused client that never hangs up holds its refusal for about a second; while
     it does, refusals beyond max_connections get no 503, only a close."""
     config = metrics_config(metrics={"bind": "127.0.0.1:0", "max_connections": 1})
@@ -568,7 +573,7 @@ async def test_refusals_are_bounded_too() -> None:
             lingering = await open_raw(address)  # refused, and never hangs up
             assert status_of(await read_until_closed(lingering)) == 503
             assert await send_and_read_to_close(address, b"") == b""
-            await trio.sleep(1.2)  # the lingering refusal gives up after a second
+            await trio.sleep(1.2)  # the lingering refusal gives up after a second (mock clock)
             assert status_of(await send_and_read_to_close(address, b"")) == 503
             assert refused_metrics(gw) == 3
             for stream in (idle, lingering):
@@ -906,7 +911,7 @@ async def test_an_upstream_connection_lost_after_connecting_counts_a_failure(
         accepted += 1
         if peer_says:
             await stream.send_all(peer_says)
-        await trio.sleep(0.05)
+        await trio.testing.wait_all_tasks_blocked()  # the upstream saw itself connected
         await stream.aclose()
 
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
