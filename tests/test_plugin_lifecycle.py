@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import pytest
 import trio
+import trio.testing
 from harness import host_port, running_gateway
 from toy_line import ToyLinePlugin, registered
 
@@ -437,7 +438,7 @@ async def test_an_upstream_publishes_what_it_receives_and_acks_only_once_safe() 
                 first = await sub.receive()
                 while len(first) < 2:
                     first += await sub.receive()
-            await trio.sleep(0.2)
+            await trio.testing.wait_all_tasks_blocked()  # what would be read has been
             # Backpressure: two unanswered lines, so the third is not even read.
             assert [d.message.body for d in first] == [b"line 0", b"line 1"]
             assert gw.hub.info("inbox").kind == "queue"
