@@ -168,6 +168,7 @@ class AtLeastOnceSender:
                     if client is not None:
                         await trio.aclose_forcefully(client.stream)
                         client = None
+                    # Real time: the gateway restarts in another process; retry after a pause.
                     await trio.sleep(self.retry_delay)
                     continue
                 self.acked += pending

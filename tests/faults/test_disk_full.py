@@ -279,6 +279,8 @@ async def test_a_segment_writer_is_held_on_a_full_disk_and_stays_exactly_once(
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(append_more)
+            # Real time (the gateway is another process): ample for an ack to come back
+            # if the full disk were ignored; nothing can be waited for instead of an ack.
             await trio.sleep(3)
             assert not appended.is_set(), "an append was acked while the disk was full"
             os.unlink(small_disk / "fill")

@@ -155,7 +155,7 @@ async def test_half_sent_windows_stay_within_the_memory_bound_and_go_away(
         # windows' 30 s timeout is far off).
         with trio.move_on_after(20):
             while True:
-                await trio.sleep(SAMPLE_EVERY)
+                await trio.sleep(SAMPLE_EVERY)  # real time: sampling another process's memory
                 samples.append(status(pid)["VmRSS"])
                 recent = samples[-int(2 / SAMPLE_EVERY) :]
                 if len(samples) >= 12 and max(recent) - min(recent) < 2 * MiB:
@@ -169,7 +169,7 @@ async def test_half_sent_windows_stay_within_the_memory_bound_and_go_away(
     after = []
     with trio.move_on_after(15):
         while True:
-            await trio.sleep(SAMPLE_EVERY)
+            await trio.sleep(SAMPLE_EVERY)  # real time: sampling another process's memory
             after.append(status(pid)["VmRSS"])
             if after[-1] - idle <= AFTER_BOUND and await memory_used(metrics_port) == 0:
                 break

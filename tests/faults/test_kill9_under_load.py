@@ -79,11 +79,11 @@ async def test_sigkill_under_load_loses_no_acked_event(
                 sending.start_soon(sender.run, stop)
             for kill in range(KILLS):
                 await faults.until_acked(senders, ACKED_BEFORE_KILL)
-                await trio.sleep(rng.uniform(0.0, 1.0))
+                await trio.sleep(rng.uniform(0.0, 1.0))  # real time: a random moment of the load
                 await gw.kill()
                 at = trio.current_time() - t0
                 print(f"SIGKILL {kill + 1} at {at:.2f}s: {faults.acked_total(senders)} acked")
-                await trio.sleep(rng.uniform(0.0, 0.3))
+                await trio.sleep(rng.uniform(0.0, 0.3))  # down for a random while (real time)
                 await gw.start()  # same config, same ports
             # Traffic resumes after the last restart; then each sender finishes its window.
             await faults.until_acked(senders, ACKED_BEFORE_KILL)

@@ -107,7 +107,7 @@ async def test_a_slow_consumer_keeps_memory_bounded_and_loses_nothing_acked(
                     d = await client.receive()
                     delivered.append(int(d.body[:10]))
                     if slow:
-                        await trio.sleep(ACK_DELAY)
+                        await trio.sleep(ACK_DELAY)  # real time: a consumer slower than the load
                     await client.ack(d.tag)
 
         async def publisher(first: int) -> None:
@@ -144,7 +144,7 @@ async def test_a_slow_consumer_keeps_memory_bounded_and_loses_nothing_acked(
                         publishers.start_soon(publisher, k * 10**8)
                     deadline = trio.current_time() + LOAD_SECONDS
                     while trio.current_time() < deadline:
-                        await trio.sleep(SAMPLE_EVERY)
+                        await trio.sleep(SAMPLE_EVERY)  # real time: sampling memory under load
                         held.append(held_bytes(gw))
                         rss.append(faults.vm_rss_bytes())
                         if (value := (await scrape(metrics_address)).get(MEMORY_GAUGE)) is not None:

@@ -142,7 +142,7 @@ async def test_sigkill_loses_nothing_acked_and_duplicates_no_segment_event(
                     await trio.sleep(0.01)
             await trio.sleep(rng.uniform(0, 0.05))  # somewhere inside a commit
             await gw.kill()
-            await trio.sleep(rng.uniform(0, 0.2))
+            await trio.sleep(rng.uniform(0, 0.2))  # down for a random while (real time)
             await gw.start()
         target = acked() + ACKED_BEFORE_KILL  # the last run carries traffic too
         with trio.fail_after(60):

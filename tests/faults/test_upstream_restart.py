@@ -68,10 +68,11 @@ async def test_upstream_restarts_lose_no_acked_event_and_the_gateway_reconnects(
                     sending.start_soon(sender.run, stop)
                 for restart in range(RESTARTS):
                     await faults.until_acked(senders, ACKED_BEFORE_KILL)
-                    await trio.sleep(rng.uniform(0.0, 0.5))
+                    await trio.sleep(rng.uniform(0.0, 0.5))  # real time: a random moment
                     await sink.kill()
-                    await trio.sleep(ACK_GRACE)
+                    await trio.sleep(ACK_GRACE)  # real time: acks the sink sent before dying land
                     acked_when_down = faults.acked_total(senders)
+                    # Down for a random while (real time), during which nothing may be acked.
                     await trio.sleep(rng.uniform(0.2, 2.0))
                     assert faults.acked_total(senders) == acked_when_down, (
                         "events were acked while the sink was down"
