@@ -533,7 +533,7 @@ async def test_go_clients_at_once_share_the_proxys_upstream_connection(
                 async def sample() -> None:  # the Go server's connections meanwhile
                     while True:
                         seen.append(go_connections(server))
-                        await trio.sleep(0.005)
+                        await trio.sleep(0.005)  # real time: sampling another process's sockets
 
                 nursery.start_soon(sample)
                 with trio.fail_after(SCENARIO_TIMEOUT * 2):

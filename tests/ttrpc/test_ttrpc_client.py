@@ -30,7 +30,7 @@ def services(seen_timeouts: list[float]) -> dict[str, Service]:
 
     async def sleep(ctx: CallContext, payload: bytes) -> bytes:
         seen_timeouts.append(ctx.deadline - trio.current_time())
-        await trio.sleep(float(payload))
+        await trio.sleep(float(payload))  # the service's Sleep: holds the call as long as asked
         return b"slept"
 
     async def count(ctx: CallContext, payload: bytes, out: MessageStream) -> None:

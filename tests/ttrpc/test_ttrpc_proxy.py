@@ -22,8 +22,8 @@ from gateway.protocol.session import HIGH_WATER
 from protocols.ttrpc import Code, TtrpcError
 from protocols.ttrpc import status as statuses
 from protocols.ttrpc.client import CallKind, Client, open_client
-from protocols.ttrpc.client_codec import ClientConnection, Reply
-from protocols.ttrpc.events import Call
+from protocols.ttrpc.codec import ClientCodec
+from protocols.ttrpc.events import Call, Reply
 from protocols.ttrpc.frames import Flags, MessageType, encode_frame
 from protocols.ttrpc.proxy import Pool, ProxySession, Route, Routes
 from protocols.ttrpc.server import CallContext, MessageStream, Service, TtrpcSession
@@ -56,7 +56,7 @@ class Backend:
             return ";".join(f"{k}={v}" for k, v in ctx.metadata).encode()
 
         async def sleep(ctx: CallContext, payload: bytes) -> bytes:
-            await trio.sleep(float(payload))
+            await trio.sleep(float(payload))  # the service's Sleep: holds the call as asked
             return b"slept " + payload
 
         async def count(ctx: CallContext, payload: bytes, out: MessageStream) -> None:
@@ -109,7 +109,7 @@ def connector(
     delay: float = 0,
 ) -> Callable[[str], Awaitable[tuple[trio.abc.Stream, ConnectionInfo]]]:
     async def connect(address: str) -> tuple[trio.abc.Stream, ConnectionInfo]:
-        await trio.sleep(delay)
+        await trio.sleep(delay)  # an upstream slow to connect, as the test asks
         host, _, port = address.rpartition(":")
         stream = await trio.open_tcp_stream(host, int(port))
         return stream, ConnectionInfo("ttrpc", "up", address)
@@ -253,12 +253,12 @@ async def test_unrouted_services_are_answered_by_the_proxy(nursery: trio.Nursery
     assert r.backends["a"].connections == 0
 
 
-async def raw_connection(r: Rig) -> tuple[trio.SocketStream, ClientConnection]:
+async def raw_connection(r: Rig) -> tuple[trio.SocketStream, ClientCodec]:
     host, port = r.proxy_address
-    return await trio.open_tcp_stream(host, port), ClientConnection()
+    return await trio.open_tcp_stream(host, port), ClientCodec()
 
 
-async def replies(stream: trio.SocketStream, codec: ClientConnection, n: int) -> list[Reply]:
+async def replies(stream: trio.SocketStream, codec: ClientCodec, n: int) -> list[Reply]:
     """The next ``n`` Responses on the raw connection (as replies to the codec's calls)."""
     from protocols.ttrpc import ttrpc_pb2
     from protocols.ttrpc.frames import FrameReader
@@ -459,7 +459,7 @@ async def test_a_client_that_does_not_read_is_closed(nursery: trio.Nursery) -> N
                 await stream.send_all(encode_frame(sid + 2, MessageType.DATA, Flags.NO_DATA))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 break
-            await trio.sleep(0.05)
+            await trio.sleep(0.05)  # poll until disconnected, while the backlog grows
     assert await client.call(SVC, "Echo", b"fine") == b"a:fine"
 
 
