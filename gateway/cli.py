@@ -21,14 +21,19 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway import __version__
-from gateway.config.loader import Config, ConfigError, default_config, load
+from gateway.config.loader import DEFAULT_ADMIN_PORT, Config, ConfigError, default_config, load
 from gateway.core.errors import first_leaf
 from gateway.protocol.plugin import PluginError
 from gateway.runtime.registry import Registry, default_registry
 from gateway.transports.base import StreamLayer, Transport
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from gateway.runtime.gateway import Gateway
+
+    #: What ``add_subparsers()`` returns: each ``_add_*`` below adds one command to it.
+    _Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 log = logging.getLogger("gateway")
 
@@ -308,13 +313,24 @@ def cmd_store_verify(args: argparse.Namespace) -> int:
     return 1 if damaged or corrupt or torn or repairs else 0
 
 
+#: Where ``reload``, ``tap`` and ``top`` find a running gateway unless ``--url`` says.
+_ADMIN_URL = f"http://127.0.0.1:{DEFAULT_ADMIN_PORT}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gateway", description="Interchange: a multi-protocol message gateway."
     )
     parser.add_argument("--version", action="version", version=f"interchange {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    # In this order in ``gateway --help``.
+    commands = (_add_run, _add_check, _add_plugins, _add_reload, _add_tap, _add_top)
+    for add in (*commands, _add_certs, _add_store):
+        add(sub)
+    return parser
 
+
+def _add_run(sub: _Subparsers) -> None:
     run = sub.add_parser("run", help="run the gateway (the embedded default without CONFIG)")
     run.add_argument("config", nargs="?", help="a TOML config file")
     run.add_argument("--log-level", type=str.lower, choices=("debug", "info", "warning", "error"))
@@ -326,19 +342,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=cmd_run)
 
+
+def _add_check(sub: _Subparsers) -> None:
     check = sub.add_parser("check", help="validate a config file without binding anything")
     check.add_argument("config")
     check.set_defaults(func=cmd_check)
 
+
+def _add_plugins(sub: _Subparsers) -> None:
     plugins = sub.add_parser("plugins", help="list registered protocols and transports")
     plugins.set_defaults(func=cmd_plugins)
 
+
+def _add_reload(sub: _Subparsers) -> None:
     reload = sub.add_parser(
         "reload", help="make a running gateway re-read its config (as SIGHUP does)"
     )
-    reload.add_argument("--url", default="http://127.0.0.1:9465", help="the gateway's admin API")
+    reload.add_argument("--url", default=_ADMIN_URL, help="the gateway's admin API")
     reload.set_defaults(func=cmd_reload)
 
+
+def _add_tap(sub: _Subparsers) -> None:
     tap = sub.add_parser(
         "tap",
         help="watch the messages stored into a destination, passively (never holds an ack)",
@@ -348,16 +372,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--filter", help='a header filter as ndjson\'s sub takes it: {"level":"error"}'
     )
     tap.add_argument("--format", choices=("json", "pretty"), default="json")
-    tap.add_argument("--url", default="http://127.0.0.1:9465", help="the gateway's admin API")
+    tap.add_argument("--url", default=_ADMIN_URL, help="the gateway's admin API")
     tap.add_argument("--limit", type=int, default=0, help="stop after this many messages")
     tap.set_defaults(func=cmd_tap)
 
+
+def _add_top(sub: _Subparsers) -> None:
     top = sub.add_parser("top", help="a live view of a running gateway's status (admin API)")
-    top.add_argument("--url", default="http://127.0.0.1:9465", help="the gateway's admin API")
+    top.add_argument("--url", default=_ADMIN_URL, help="the gateway's admin API")
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     top.set_defaults(func=cmd_top)
 
+
+def _add_certs(sub: _Subparsers) -> None:
     certs = sub.add_parser("certs", help="development certificates")
     certs_sub = certs.add_subparsers(dest="certs_command", required=True)
     init = certs_sub.add_parser("init", help="create a CA, a server and a client certificate")
@@ -371,8 +399,11 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--force", action="store_true", help="replace existing files")
     init.set_defaults(func=cmd_certs_init)
 
+
+def _add_store(sub: _Subparsers) -> None:
     store = sub.add_parser("store", help="look into the embedded segment store (read-only)")
     store_sub = store.add_subparsers(dest="store_command", required=True)
+    # The options every store command takes: where the store is.
     where = argparse.ArgumentParser(add_help=False)
     where.add_argument(
         "--data-dir", help="the gateway's data directory (the store is its store/ folder)"
@@ -391,7 +422,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="check every checksum; exit status 1 if anything is damaged",
     )
     verify.set_defaults(func=cmd_store_verify)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -58,46 +58,20 @@ def init_dir(
         raise ValueError("at least one host is needed for the server certificate")
     directory = Path(directory)
     paths = {
-        "ca_cert": directory / "ca.pem",
-        "ca_key": directory / "ca.key",
-        "server_cert": directory / "server.pem",
-        "server_key": directory / "server.key",
-        "client_cert": directory / "client.pem",
-        "client_key": directory / "client.key",
+        f"{who}_{part}": directory / f"{who}.{suffix}"
+        for who in ("ca", "server", "client")
+        for part, suffix in (("cert", "pem"), ("key", "key"))
     }
     if not force:
         _refuse_existing(paths.values())
     directory.mkdir(parents=True, exist_ok=True)
-    create_ca(
-        directory,
-        "Interchange Development CA",
-        days=days,
-        force=force,
-        cert_path=paths["ca_cert"],
-        key_path=paths["ca_key"],
-    )
-    issue(
-        paths["ca_cert"],
-        paths["ca_key"],
-        paths["server_cert"],
-        paths["server_key"],
-        hosts[0],
-        sans=hosts,
-        days=days,
-        force=force,
-    )
+    ca = paths["ca_cert"], paths["ca_key"]
+    create_ca(directory, days=days, force=force, cert_path=ca[0], key_path=ca[1])
+    server = paths["server_cert"], paths["server_key"]
+    issue(*ca, *server, hosts[0], sans=hosts, days=days, force=force)
+    client = paths["client_cert"], paths["client_key"]
     client_sans = (client_name,) if _HOSTNAME.match(client_name) else ()
-    issue(
-        paths["ca_cert"],
-        paths["ca_key"],
-        paths["client_cert"],
-        paths["client_key"],
-        client_name,
-        sans=client_sans,
-        client=True,
-        days=days,
-        force=force,
-    )
+    issue(*ca, *client, client_name, sans=client_sans, client=True, days=days, force=force)
     return paths
 
 
@@ -132,28 +106,9 @@ def create_ca(
     now = _now()
     ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _CLOCK_SKEW)
-        .not_valid_after(now + datetime.timedelta(days=days))
+        _builder(subject, subject, key, now, now + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(key_cert_sign=True), critical=True)
         .add_extension(ski, critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), critical=False
@@ -189,39 +144,18 @@ def issue(
     out_cert, out_key = Path(out_cert), Path(out_key)
     if not force:
         _refuse_existing((out_cert, out_key))
-    ca_cert = x509.load_pem_x509_certificate(Path(ca_cert_path).read_bytes())
-    ca_key = serialization.load_pem_private_key(Path(ca_key_path).read_bytes(), password=None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
-        raise TypeError(f"{ca_key_path}: unsupported CA key type {type(ca_key).__name__}")
+    ca_cert, ca_key = _load_ca(Path(ca_cert_path), Path(ca_key_path))
     general_names = [_general_name(san) for san in sans]
 
     key = _new_key(key_type)
     now = _now()
     not_after = min(now + datetime.timedelta(days=days), ca_cert.not_valid_after_utc)
     usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _CLOCK_SKEW)
-        .not_valid_after(not_after)
+        _builder(subject, ca_cert.subject, key, now, not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=key_type == "rsa",
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(key_encipherment=key_type == "rsa"), critical=True)
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(
@@ -237,6 +171,51 @@ def issue(
     _write_key(out_key, key, force=force)
     _write_cert(out_cert, cert, force=force)
     return out_cert, out_key
+
+
+def _load_ca(cert_path: Path, key_path: Path) -> tuple[x509.Certificate, PrivateKey]:
+    """The CA certificate and its key, as ``create_ca`` (or openssl) wrote them."""
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+        raise TypeError(f"{key_path}: unsupported CA key type {type(key).__name__}")
+    return cert, key
+
+
+def _builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: PrivateKey,
+    now: datetime.datetime,
+    not_after: datetime.datetime,
+) -> x509.CertificateBuilder:
+    """What a CA and a leaf certificate have alike: names, key, a random serial and
+    the validity (backdated by ``_CLOCK_SKEW``)."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _CLOCK_SKEW)
+        .not_valid_after(not_after)
+    )
+
+
+def _key_usage(*, key_cert_sign: bool = False, key_encipherment: bool = False) -> x509.KeyUsage:
+    """Digital signatures, plus signing certificates and CRLs (a CA) or key
+    encipherment (an RSA leaf, for TLS 1.2's RSA key exchange)."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=key_encipherment,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=key_cert_sign,
+        crl_sign=key_cert_sign,
+        encipher_only=False,
+        decipher_only=False,
+    )
 
 
 def _general_name(san: str) -> x509.GeneralName:

@@ -15,7 +15,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from gateway.config.units import parse_duration, parse_size
 from gateway.core.hub import HubLimits
@@ -33,6 +33,7 @@ __all__ = ["Config", "ConfigError", "GatewaySettings", "default_config", "load",
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 _REQUIRED = REQUIRED
 _INDEX = re.compile(r"\[\d+\]")
+_T = TypeVar("_T")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 #: The metrics endpoint's port in the embedded default (Prometheus exporters' 9464).
 DEFAULT_METRICS_PORT = 9464
@@ -289,12 +290,7 @@ class _Table:
         """This table as an entry of ``opt``; and whether it had no errors."""
         errors_before = len(self.errors.items)
         value = self.options(opt.fields, protocol)
-        names = list(opt.fields)
-        self.finish(
-            f"keys are {', '.join(names[:-1])} and {names[-1]}"
-            if len(names) > 1
-            else f"the only key is {names[0]}"
-        )
+        self.finish(_keys_hint(list(opt.fields)))
         return value, len(self.errors.items) == errors_before
 
     def _check(self, name: str, opt: Option, value: Any) -> None:
@@ -309,6 +305,13 @@ class _Table:
         for name in self.data:
             if name not in self.used:
                 self.errors.add(self.key(name), "unknown key" + (f" ({hint})" if hint else ""))
+
+
+def _keys_hint(names: list[str]) -> str:
+    """The hint an unknown key's error gives: which keys there are."""
+    if len(names) > 1:
+        return f"keys are {', '.join(names[:-1])} and {names[-1]}"
+    return f"the only key is {names[0]}"
 
 
 def _fresh(default: Any) -> Any:
@@ -339,14 +342,59 @@ def parse(
 ) -> Config:
     """Validate ``data`` (a parsed TOML document) into a :class:`Config`.
 
-    Raises :class:`ConfigError` listing every problem found.
+    Raises :class:`ConfigError` listing every problem found. The tables are read
+    in a fixed order (each after those its checks need), so the errors come in
+    the same order every time.
     """
     registry = registry or default_registry()
     base = base_dir or Path.cwd()
     errors = _Errors(source)
     root = _Table(errors, "", dict(data))
+    gateway = _gateway(root, base)
+    listeners, upstreams = _peers(root, base, registry)
+    routes = _routes(root, {up.name for up in upstreams})
+    store = _store(root)
+    destinations = _destinations(root, gateway.limits, store)
+    metrics, admin = _endpoints(root, registry, listeners)
+    root.finish(
+        "top-level tables are gateway, store, metrics, admin, listeners, upstreams, routes"
+        " and destinations"
+    )
+    if errors.items:
+        raise ConfigError(errors.items)
+    return Config(
+        gateway,
+        [ls for _, ls in listeners],
+        upstreams,
+        routes,
+        destinations,
+        metrics_bind=metrics.bind,
+        metrics_max_connections=metrics.max_connections,
+        metrics_idle_timeout=metrics.idle_timeout,
+        admin_bind=admin.bind,
+        admin_max_connections=admin.max_connections,
+        admin_idle_timeout=admin.idle_timeout,
+        store=store,
+    )
 
-    gw = root.table("gateway") or _Table(errors, "gateway", {})
+
+def _gateway(root: _Table, base: Path) -> GatewaySettings:
+    """The ``[gateway]`` table (its defaults when it is absent)."""
+    gw = root.table("gateway") or _Table(root.errors, "gateway", {})
+    limits = _limits(gw)
+    gateway = GatewaySettings(
+        data_dir=_path(base, gw.get("data_dir", "str", "data")) or base / "data",
+        drain_timeout=gw.get("drain_timeout", "duration", 10.0),
+        log_level=str(gw.get("log_level", "str", "info", check=check_level)).lower(),
+        log_format=str(gw.get("log_format", "str", "text", check=check_format)).lower(),
+        limits=limits,
+    )
+    gw.finish()
+    return gateway
+
+
+def _limits(gw: _Table) -> HubLimits:
+    """The hub's limits, kept in the ``[gateway]`` table."""
     d = HubLimits()
     limits = HubLimits(
         buffer_bytes=gw.get("buffer_bytes", "size", d.buffer_bytes, minimum=1024),
@@ -358,129 +406,122 @@ def parse(
         ),
     )
     if limits.connection_memory > limits.memory_budget:
-        errors.add(
+        gw.errors.add(
             gw.key("connection_memory"),
             f"{limits.connection_memory} bytes is more than memory_budget"
             f" ({limits.memory_budget} bytes)",
         )
-    gateway = GatewaySettings(
-        data_dir=_path(base, gw.get("data_dir", "str", "data")) or base / "data",
-        drain_timeout=gw.get("drain_timeout", "duration", 10.0),
-        log_level=str(gw.get("log_level", "str", "info", check=check_level)).lower(),
-        log_format=str(gw.get("log_format", "str", "text", check=check_format)).lower(),
-        limits=limits,
-    )
-    gw.finish()
+    return limits
 
-    # (index in the file, settings) so that errors name the entry as written.
-    indexed_listeners = [
-        (i, ls)
-        for i, item in enumerate(_array(root, "listeners", errors))
-        if (ls := _listener(_Table(errors, f"listeners[{i}]", item), base, registry))
+
+def _entries(root: _Table, name: str, read: Callable[[_Table], _T | None]) -> list[tuple[int, _T]]:
+    """The entries of the array of tables ``name`` that ``read`` accepts, each with its
+    index in the file, so that later errors name the entry as written."""
+    return [
+        (i, value)
+        for i, item in enumerate(_array(root, name, root.errors))
+        if (value := read(_Table(root.errors, f"{name}[{i}]", item)))
     ]
-    indexed_upstreams = [
-        (i, up)
-        for i, item in enumerate(_array(root, "upstreams", errors))
-        if (up := _upstream(_Table(errors, f"upstreams[{i}]", item), base, registry))
-    ]
-    _unique(errors, "listeners", [(i, ls.name) for i, ls in indexed_listeners], "name")
+
+
+def _peers(
+    root: _Table, base: Path, registry: Registry
+) -> tuple[list[tuple[int, ListenerSettings]], list[UpstreamSettings]]:
+    """``[[listeners]]`` (with their indexes in the file) and ``[[upstreams]]``.
+
+    Both are read before names and binds are compared, and the listeners'
+    ``upstream`` options are checked against the upstreams as written.
+    """
+    errors = root.errors
+    listeners = _entries(root, "listeners", lambda t: _listener(t, base, registry))
+    upstreams = _entries(root, "upstreams", lambda t: _upstream(t, base, registry))
+    _unique(errors, "listeners", [(i, ls.name) for i, ls in listeners], "name")
     # Port 0 asks the OS for a free port: several such binds never collide.
-    fixed_binds = [(i, ls.bind) for i, ls in indexed_listeners if not _any_port(ls.bind)]
+    fixed_binds = [(i, ls.bind) for i, ls in listeners if not _any_port(ls.bind)]
     _unique(errors, "listeners", fixed_binds, "bind")
-    _unique(errors, "upstreams", [(i, up.name) for i, up in indexed_upstreams], "name")
+    _unique(errors, "upstreams", [(i, up.name) for i, up in upstreams], "name")
     _check_upstream_refs(errors, root.data.get("upstreams"))
-    listeners = [ls for _, ls in indexed_listeners]
-    upstreams = [up for _, up in indexed_upstreams]
+    return listeners, [up for _, up in upstreams]
 
-    upstream_names = {up.name for up in upstreams}
-    routes = []
-    for i, item in enumerate(_array(root, "routes", errors)):
-        t = _Table(errors, f"routes[{i}]", item)
-        pattern = t.get("from", "str")
-        to = t.get("to", "str_or_list")
-        t.finish()
-        if pattern is None or to is None:
-            continue
-        if not to:
-            errors.add(t.key("to"), "must name at least one target")
-            continue
-        for target in to:
-            if target.startswith(UPSTREAM_PREFIX):
-                up = target[len(UPSTREAM_PREFIX) :]
-                if up not in upstream_names:
-                    errors.add(t.key("to"), f"no upstream named {up!r} is configured")
-        route = Route(pattern, tuple(to))
-        try:
-            Router([route])
-        except RouteError as e:
-            errors.add(t.key("to"), str(e))
-            continue
-        routes.append(route)
-    store = _store(root)
-    indexed_destinations = [
-        (i, spec)
-        for i, item in enumerate(_array(root, "destinations", errors))
-        if (spec := _destination(_Table(errors, f"destinations[{i}]", item), limits, store))
-    ]
-    _unique(errors, "destinations", [(i, d.name) for i, d in indexed_destinations], "name")
-    destinations = [spec for _, spec in indexed_destinations]
-    metrics_bind, metrics_max_connections, metrics_idle_timeout = _http_endpoint(
-        root, "metrics", registry, indexed_listeners, errors
-    )
-    admin_bind, admin_max_connections, admin_idle_timeout = _http_endpoint(
-        root, "admin", registry, indexed_listeners, errors
-    )
-    if admin_bind is not None and admin_bind == metrics_bind and not _any_port(admin_bind):
-        errors.add("admin.bind", "is also the bind of metrics")
+
+def _routes(root: _Table, upstream_names: set[str]) -> list[Route]:
+    """The ``[[routes]]`` array: the valid ones, in the order written."""
+    return [route for _, route in _entries(root, "routes", lambda t: _route(t, upstream_names))]
+
+
+def _route(t: _Table, upstream_names: set[str]) -> Route | None:
+    """One ``[[routes]]`` entry; None if it has an error."""
+    pattern = t.get("from", "str")
+    to = t.get("to", "str_or_list")
+    t.finish()
+    if pattern is None or to is None:
+        return None
+    if not to:
+        t.errors.add(t.key("to"), "must name at least one target")
+        return None
+    for target in to:
+        if target.startswith(UPSTREAM_PREFIX):
+            up = target[len(UPSTREAM_PREFIX) :]
+            if up not in upstream_names:
+                t.errors.add(t.key("to"), f"no upstream named {up!r} is configured")
+    route = Route(pattern, tuple(to))
+    try:
+        Router([route])
+    except RouteError as e:
+        t.errors.add(t.key("to"), str(e))
+        return None
+    return route
+
+
+def _destinations(root: _Table, limits: HubLimits, store: StoreSettings) -> list[DestinationSpec]:
+    """The ``[[destinations]]`` array, names unique."""
+    indexed = _entries(root, "destinations", lambda t: _destination(t, limits, store))
+    _unique(root.errors, "destinations", [(i, d.name) for i, d in indexed], "name")
+    return [spec for _, spec in indexed]
+
+
+@dataclass(frozen=True, slots=True)
+class _Endpoint:
+    """An HTTP endpoint's table (``[metrics]``, ``[admin]``); ``bind`` None: not served."""
+
+    bind: str | None = None
+    max_connections: int = 16
+    idle_timeout: float = 10.0
+
+
+def _endpoints(
+    root: _Table, registry: Registry, listeners: list[tuple[int, ListenerSettings]]
+) -> tuple[_Endpoint, _Endpoint]:
+    """The ``[metrics]`` and ``[admin]`` tables, their binds checked against each other
+    and every listener's."""
+    metrics = _http_endpoint(root, "metrics", registry, listeners)
+    admin = _http_endpoint(root, "admin", registry, listeners)
+    if admin.bind is not None and admin.bind == metrics.bind and not _any_port(admin.bind):
+        root.errors.add("admin.bind", "is also the bind of metrics")
     _overlapping_binds(
-        errors,
-        [(f"listeners[{i}].bind", ls.bind) for i, ls in indexed_listeners]
-        + [("metrics.bind", metrics_bind), ("admin.bind", admin_bind)],
+        root.errors,
+        [(f"listeners[{i}].bind", ls.bind) for i, ls in listeners]
+        + [("metrics.bind", metrics.bind), ("admin.bind", admin.bind)],
     )
-    root.finish(
-        "top-level tables are gateway, store, metrics, admin, listeners, upstreams, routes"
-        " and destinations"
-    )
-
-    if errors.items:
-        raise ConfigError(errors.items)
-    return Config(
-        gateway,
-        listeners,
-        upstreams,
-        routes,
-        destinations,
-        metrics_bind=metrics_bind,
-        metrics_max_connections=metrics_max_connections,
-        metrics_idle_timeout=metrics_idle_timeout,
-        admin_bind=admin_bind,
-        admin_max_connections=admin_max_connections,
-        admin_idle_timeout=admin_idle_timeout,
-        store=store,
-    )
+    return metrics, admin
 
 
 def _http_endpoint(
-    root: _Table,
-    name: str,
-    registry: Registry,
-    indexed_listeners: list[tuple[int, ListenerSettings]],
-    errors: _Errors,
-) -> tuple[str | None, int, float]:
-    """The ``[metrics]`` or ``[admin]`` table: (bind or None, max_connections, idle_timeout)."""
-    bind, max_connections, idle_timeout = None, 16, 10.0
+    root: _Table, name: str, registry: Registry, listeners: list[tuple[int, ListenerSettings]]
+) -> _Endpoint:
+    """The ``[metrics]`` or ``[admin]`` table."""
     table = root.table(name)
     if table is None or not table.ok:
-        return bind, max_connections, idle_timeout
+        return _Endpoint()
     bind = table.get("bind", "str", check=_check_address(registry, plain=True, what=name))
     max_connections = table.get("max_connections", "int", 16, minimum=1)
     idle_timeout = table.get("idle_timeout", "duration", 10.0, minimum=0.01)
     table.finish()
     if bind is not None and not _any_port(bind):
-        for i, ls in indexed_listeners:
+        for i, ls in listeners:
             if ls.bind == bind:
-                errors.add(table.key("bind"), f"is also the bind of listeners[{i}]")
-    return bind, max_connections, idle_timeout
+                root.errors.add(table.key("bind"), f"is also the bind of listeners[{i}]")
+    return _Endpoint(bind, max_connections, idle_timeout)
 
 
 def _check_destination_name(value: str) -> None:
@@ -511,72 +552,95 @@ def _store(root: _Table) -> StoreSettings:
     return settings
 
 
+def _check_groups(groups: list[str]) -> None:
+    for g in groups:
+        _check_name(g)
+
+
+#: A ``[[destinations]]`` entry's keys, in the order they are read: key -> (kind,
+#: default, bounds as :meth:`_Table.get` takes them).
+_DESTINATION_KEYS: dict[str, tuple[str, Any, dict[str, Any]]] = {
+    "name": ("str", _REQUIRED, {"check": _check_destination_name}),
+    "kind": ("str", "topic", {"choices": ("topic", "queue")}),
+    "store": ("str", None, {"choices": STORES}),
+    "retain": ("size", None, {"minimum": 1024}),
+    "retain_age": ("duration", None, {"minimum": 1.0}),
+    "partitions": ("int", None, {"minimum": 1, "maximum": 1024}),
+    "partition_key": ("str", None, {}),
+    "overflow": ("str", None, {"choices": ("block", "drop_oldest")}),
+    "element_size": ("int", None, {"minimum": 1, "maximum": 16 * 1024 * 1024}),
+    "groups": ("str_list", (), {"check": _check_groups}),
+    "buffer_bytes": ("size", None, {"minimum": 1024}),
+    "buffer_messages": ("int", None, {"minimum": 1}),
+}
+
+
+def _not_durable(v: dict[str, Any]) -> bool:
+    return v["store"] is None
+
+
+def _not_a_log(v: dict[str, Any]) -> bool:
+    return v["retain"] is None and v["store"] is None
+
+
+def _a_log(v: dict[str, Any]) -> bool:
+    return not _not_a_log(v)
+
+
+_DURABLE_ONLY = "applies to durable destinations only: set 'store' too"
+_NOT_FOR_LOGS = "does not apply to a log, which 'retain' bounds"
+
+#: Keys that do not fit every destination, checked in this order: (key, whether a
+#: destination's keys ``v`` rule it out when it is set, why).
+_MISFITS: tuple[tuple[str, Callable[[dict[str, Any]], bool], str], ...] = (
+    ("retain_age", _not_durable, _DURABLE_ONLY),
+    ("partitions", _not_durable, _DURABLE_ONLY),
+    ("partition_key", _not_durable, _DURABLE_ONLY),
+    ("partition_key", lambda v: v["partitions"] in (None, 1), "needs 'partitions' above 1"),
+    ("overflow", _not_a_log, "applies to logs only: set 'retain' or 'store' too"),
+    ("buffer_bytes", _a_log, _NOT_FOR_LOGS),
+    ("buffer_messages", _a_log, _NOT_FOR_LOGS),
+    (
+        "groups",
+        lambda v: v["kind"] == "queue" and bool(v["groups"]),
+        "a queue has one group, which every subscriber joins",
+    ),
+)
+
+
 def _destination(t: _Table, limits: HubLimits, store: StoreSettings) -> DestinationSpec | None:
     """One ``[[destinations]]`` entry, checked for keys that do not fit its kind."""
     if not t.ok:
         return None
-    name = t.get("name", "str", check=_check_destination_name)
-    kind = t.get("kind", "str", "topic", choices=("topic", "queue"))
-    where = t.get("store", "str", None, choices=STORES)
-    retain = t.get("retain", "size", None, minimum=1024)
-    retain_age = t.get("retain_age", "duration", None, minimum=1.0)
-    partitions = t.get("partitions", "int", None, minimum=1, maximum=1024)
-    partition_key = t.get("partition_key", "str", None)
-    overflow = t.get("overflow", "str", None, choices=("block", "drop_oldest"))
-    element_size = t.get("element_size", "int", None, minimum=1, maximum=16 * 1024 * 1024)
-    groups = t.get("groups", "str_list", [], check=_check_groups)
-    buffer_bytes = t.get("buffer_bytes", "size", None, minimum=1024)
-    buffer_messages = t.get("buffer_messages", "int", None, minimum=1)
-    t.finish(
-        "keys are name, kind, store, retain, retain_age, partitions, partition_key, overflow, "
-        "element_size, groups, buffer_bytes and buffer_messages"
-    )
-    if where is None:
-        for key, value in (
-            ("retain_age", retain_age),
-            ("partitions", partitions),
-            ("partition_key", partition_key),
-        ):
-            if value is not None:
-                t.errors.add(t.key(key), "applies to durable destinations only: set 'store' too")
-    if partition_key is not None and partitions in (None, 1):
-        t.errors.add(t.key("partition_key"), "needs 'partitions' above 1")
-    is_log = retain is not None or where is not None
-    if overflow is not None and not is_log:
-        t.errors.add(t.key("overflow"), "applies to logs only: set 'retain' or 'store' too")
-    if is_log:
-        for key, value in (("buffer_bytes", buffer_bytes), ("buffer_messages", buffer_messages)):
-            if value is not None:
-                t.errors.add(t.key(key), "does not apply to a log, which 'retain' bounds")
-    if kind == "queue" and groups:
-        t.errors.add(t.key("groups"), "a queue has one group, which every subscriber joins")
-    if where is not None and retain is None:
-        retain = store.retain_bytes
-    if element_size is not None:
-        bound = retain if retain is not None else buffer_bytes or limits.buffer_bytes
-        if element_size + MESSAGE_OVERHEAD > bound:
+    v = {
+        key: t.get(key, kind, default, **bounds)
+        for key, (kind, default, bounds) in _DESTINATION_KEYS.items()
+    }
+    t.finish(_keys_hint(list(_DESTINATION_KEYS)))
+    for key, misfits, why in _MISFITS:
+        if v[key] is not None and misfits(v):
+            t.errors.add(t.key(key), why)
+    retain = store.retain_bytes if v["store"] is not None and v["retain"] is None else v["retain"]
+    if v["element_size"] is not None:
+        bound = retain if retain is not None else v["buffer_bytes"] or limits.buffer_bytes
+        if v["element_size"] + MESSAGE_OVERHEAD > bound:
             t.errors.add(t.key("element_size"), f"does not fit the buffer of {bound} bytes")
-    if name is None:
+    if v["name"] is None:
         return None
     return DestinationSpec(
-        name=name,
-        kind=kind,
+        name=v["name"],
+        kind=v["kind"],
         retain=retain,
-        overflow=overflow or "block",
-        element_size=element_size,
-        groups=tuple(groups),
-        buffer_bytes=buffer_bytes,
-        buffer_messages=buffer_messages,
-        store=where,
-        retain_age=retain_age if retain_age is not None else store.retain_age,
-        partitions=partitions or 1,
-        partition_key=partition_key,
+        overflow=v["overflow"] or "block",
+        element_size=v["element_size"],
+        groups=tuple(v["groups"]),
+        buffer_bytes=v["buffer_bytes"],
+        buffer_messages=v["buffer_messages"],
+        store=v["store"],
+        retain_age=v["retain_age"] if v["retain_age"] is not None else store.retain_age,
+        partitions=v["partitions"] or 1,
+        partition_key=v["partition_key"],
     )
-
-
-def _check_groups(groups: list[str]) -> None:
-    for g in groups:
-        _check_name(g)
 
 
 _WILDCARDS = {"", "*", "0.0.0.0", "::", "[::]"}
