@@ -167,18 +167,7 @@ class Store:
             retain_age=retain_age,
             reserve_bytes=reserve_bytes,
         )
-        try:
-            recovered = await trio.to_thread.run_sync(store._recover)
-        except BaseException:
-            store._unlock()
-            raise
-        store._trio0 = trio.current_time()
-        store._wall0 = time.time()
-        if store._reserve_error is not None:
-            # Opened on a full disk: it is full from the start (and says so).
-            store.space.exhausted(store._reserve_error, "the store's reserve", reserve_bytes)
-        for segment in recovered:
-            store._adopt(segment)
+        await store._start()
         body_error: BaseException | None = None
         try:
             async with trio.open_nursery() as nursery:
@@ -202,6 +191,22 @@ class Store:
         finally:
             with trio.CancelScope(shield=True):
                 await store._close()
+
+    async def _start(self) -> None:
+        """Take the lock, recover every segment (in a worker thread) and adopt it; the
+        clocks start now. A failed recovery gives the lock back."""
+        try:
+            recovered = await trio.to_thread.run_sync(self._recover)
+        except BaseException:
+            self._unlock()
+            raise
+        self._trio0 = trio.current_time()
+        self._wall0 = time.time()
+        if self._reserve_error is not None:
+            # Opened on a full disk: it is full from the start (and says so).
+            self.space.exhausted(self._reserve_error, "the store's reserve", self.reserve_bytes)
+        for segment in recovered:
+            self._adopt(segment)
 
     def _recover(self) -> list[RecoveredSegment]:
         """Blocking: read every segment back (in a worker thread)."""
@@ -501,34 +506,61 @@ class Store:
         for chunk in chunks:
             chunk.dirty = False
             chunk.pins += 1
+        states, metas = self._take_documents(attention)
+        if chunks or dirs or states or metas:
+            await self._write_out(chunks, dirs, states, metas)
+        self._advance(attention, targets)
+        if not everything and not self.space.full:
+            for segment in attention | targets.keys():
+                if segment.deletable_chunks():
+                    await self._delete_chunks(segment)
+
+    def _take_documents(
+        self, attention: set[Segment]
+    ) -> tuple[dict[str, bytes], list[tuple[Segment, bytes]]]:
+        """The states and meta documents this commit writes: none while the disk is
+        full (they wait in memory, retried once there is room)."""
         states: dict[str, bytes] = {}
         metas: list[tuple[Segment, bytes]] = []
-        # While the disk is full, documents wait in memory (retried once there is room).
         if not self.space.full:
             states, self._pending_states = self._pending_states, {}
             for segment in attention:
                 if segment.meta_dirty:
                     segment.meta_dirty = False
                     metas.append((segment, pack_document(segment.meta_document())))
-        if chunks or dirs or states or metas:
-            began = time.perf_counter()
-            unwritten: list[tuple[_Document, OSError]] = []
-            try:
-                fsyncs = await self._sync(chunks, dirs, states, metas, unwritten)
-            except BaseException:
-                # A failed fsync may have lost written data (the kernel drops the pages):
-                # nothing may call this store clean again.
-                self._failed = True
-                raise
-            finally:
-                for chunk in chunks:
-                    chunk.pins -= 1
-            self._stats["commits"] += 1
-            self._stats["fsyncs"] += fsyncs
-            self._stats["fsync_us"] += int((time.perf_counter() - began) * 1e6)
-            self._stats["state_writes"] += len(states) - len(unwritten)
-            if unwritten:
-                self._keep_unwritten(unwritten)
+        return states, metas
+
+    async def _write_out(
+        self,
+        chunks: list[Chunk],
+        dirs: set[Path],
+        states: dict[str, bytes],
+        metas: list[tuple[Segment, bytes]],
+    ) -> None:
+        """Sync ``chunks`` (pinned by the caller, unpinned here) and ``dirs``, write the
+        documents, and count it all."""
+        began = time.perf_counter()
+        unwritten: list[tuple[_Document, OSError]] = []
+        try:
+            fsyncs = await self._sync(chunks, dirs, states, metas, unwritten)
+        except BaseException:
+            # A failed fsync may have lost written data (the kernel drops the pages):
+            # nothing may call this store clean again.
+            self._failed = True
+            raise
+        finally:
+            for chunk in chunks:
+                chunk.pins -= 1
+        self._stats["commits"] += 1
+        self._stats["fsyncs"] += fsyncs
+        self._stats["fsync_us"] += int((time.perf_counter() - began) * 1e6)
+        self._stats["state_writes"] += len(states) - len(unwritten)
+        if unwritten:
+            self._keep_unwritten(unwritten)
+
+    def _advance(self, attention: set[Segment], targets: dict[Segment, int]) -> None:
+        """Durability after a commit: each target up to its end as the commit began;
+        segments that only wanted attention run their due callbacks."""
         for segment, end in targets.items():
             segment.advance_durable(end)
         for segment in attention:
@@ -537,10 +569,6 @@ class Store:
         for segment in attention:
             if segment.meta_dirty:
                 self._attention.add(segment)  # its meta document waits for room
-        if not everything and not self.space.full:
-            for segment in attention | targets.keys():
-                if segment.deletable_chunks():
-                    await self._delete_chunks(segment)
 
     async def _sync(
         self,
