@@ -12,7 +12,9 @@ stays free of I/O, while its driver imports ``Session`` from the same place.
 The names, by what they are for:
 
 * the model: ``Message``, ``Source``, ``PeerIdentity``, ``Outcome``,
-  ``Position``, ``Reply``, ``Receipt``;
+  ``Position``, ``Reply``, ``Receipt``, and ``Reason``, the code of a failed
+  receipt (``receipt.reason_code``), for a protocol that maps failures to its
+  own error codes;
 * the hub as a protocol sees it: ``HubFacade``, ``Subscription``,
   ``Delivery``, ``StartAt``, ``StopAt``, ``EndOfStream``, ``Filter``,
   ``FilterError``;
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from gateway.core.facade import HubFacade
     from gateway.core.filters import Filter, FilterError
     from gateway.core.model import Message, Outcome, PeerIdentity, Position, Reply, Source
+    from gateway.core.reasons import Reason
     from gateway.core.receipts import Receipt
     from gateway.durable import envelope
     from gateway.ops.metrics import Metrics
@@ -112,6 +115,7 @@ _WHERE: dict[str, tuple[str, str]] = {
         n: ("gateway.core.model", n)
         for n in ("Message", "Outcome", "PeerIdentity", "Position", "Reply", "Source")
     },
+    "Reason": ("gateway.core.reasons", "Reason"),
     "Receipt": ("gateway.core.receipts", "Receipt"),
     "envelope": ("gateway.durable.envelope", ""),
     "Metrics": ("gateway.ops.metrics", "Metrics"),
@@ -208,6 +212,7 @@ __all__ = [
     "Position",
     "ProtocolError",
     "ProtocolPlugin",
+    "Reason",
     "Receipt",
     "ReceiveBuffer",
     "RemoteProtocolError",
