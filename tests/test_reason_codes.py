@@ -13,6 +13,7 @@ export any destination through it, a kind they have never heard of included.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -518,3 +519,10 @@ def test_figures_are_frozen() -> None:
     with pytest.raises(AttributeError):
         f.backlog = 1  # type: ignore[misc]
     assert isinstance(f.groups, Sequence)
+
+
+def test_the_operations_guide_lists_every_code_with_its_label() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    section = text.split("## Why did a publish fail? Reason codes", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` \| `(\w+)` \|", section, re.MULTILINE)
+    assert rows == [(code.value, code.label) for code in Reason]

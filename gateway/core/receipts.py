@@ -9,7 +9,10 @@ and only then may a protocol ack the sender.
 
 A receipt also tells each message's own result (:meth:`Receipt.results`): its
 worst outcome and reason, the position where each log stored it, a status code
-and details a target attached, and for a call the reply. Nothing per message is
+and details a target attached, and for a call the reply. A reason is a text for
+humans and a code (:class:`~gateway.core.reasons.Reason`, ``reason_code``)
+chosen where the failure happened: whatever tells failures apart (the metrics,
+a protocol's error codes) reads the code. Nothing per message is
 kept while every leg settles plainly delivered, so a window of thousands of
 events that settles alike costs a few objects, not one per event.
 

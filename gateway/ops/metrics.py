@@ -16,7 +16,11 @@ bytes per listener, messages per upstream) are tallies instead
 thread, exported as counters at scrape time (about 0.08 µs an update). What
 the hub and its destinations count (messages in, out and acked per
 destination, backlogs, publish outcomes) they keep as plain integers;
-:class:`HubCollector` reads them at scrape time too.
+:class:`HubCollector` reads them at scrape time too: every destination through
+:meth:`~gateway.core.destination.Destination.figures`, whatever its class, and
+the hub's settled publishes by :class:`~gateway.core.reasons.Reason` code, each
+exported under the code's label (:attr:`Reason.label`). The hub knows nothing of
+metrics; no reason's text is ever read.
 """
 
 from __future__ import annotations
@@ -470,7 +474,7 @@ class HubCollector:
         family = CounterMetricFamily(
             "interchange_publishes",
             "Publishes (and calls) whose receipt settled, by outcome (delivered, failed,"
-            " rejected) and reason (see docs/configuration.md).",
+            " rejected) and the label of their reason code (see docs/operations.md).",
             labels=["outcome", "reason"],
         )
         family.add_metric(["delivered", ""], hub.delivered)
