@@ -95,17 +95,8 @@ class Gateway:
         limits = config.gateway.limits
         #: Bytes held across destinations and connections ([gateway] memory_budget).
         self.budget = MemoryBudget(limits.memory_budget)
-        self.catalog = Catalog(
-            config.destinations,
-            TopicLimits(limits.buffer_bytes, limits.buffer_messages, self.budget),
-        )
-        self.hub = Hub(
-            Router(config.routes),
-            limits,
-            providers=[self.catalog],
-            upstreams=[u.name for u in config.upstreams],
-            budget=self.budget,
-        )
+        #: The ``[[destinations]]`` table, and the hub whose destinations it makes.
+        self.catalog, self.hub = _hub(config, self.budget)
         #: The hub as protocols see it.
         self.facade = HubFacade(self.hub)
         #: This gateway's own instance of every protocol its config uses, by name.
@@ -415,3 +406,19 @@ class Gateway:
         if self._work is None:
             raise RuntimeError("the gateway is not serving")
         self._work.start_soon(fn, *args)
+
+
+def _hub(config: Config, budget: MemoryBudget) -> tuple[Catalog, Hub]:
+    """The catalog of ``config``'s destinations and the hub it provides them to."""
+    limits = config.gateway.limits
+    catalog = Catalog(
+        config.destinations, TopicLimits(limits.buffer_bytes, limits.buffer_messages, budget)
+    )
+    hub = Hub(
+        Router(config.routes),
+        limits,
+        providers=[catalog],
+        upstreams=[u.name for u in config.upstreams],
+        budget=budget,
+    )
+    return catalog, hub
