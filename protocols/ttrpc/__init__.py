@@ -8,12 +8,12 @@ The sans-IO layers, in the order they build on each other:
   ``ttrpc.proto`` by protoc (``generate.py`` regenerates it);
 * :mod:`.status`: gRPC codes, the Status of a Response, the Go server's exact
   replies to bad input;
-* :mod:`.server_codec` (events in :mod:`.events`) and :mod:`.client_codec`:
-  one state machine per stream for each role, the four call kinds as Go's
-  implementation puts them on the wire.
-
-* :mod:`.proxy_codec`: a proxy's upstream connection, many clients' streams
-  on one, ids remapped, frames relayed untouched.
+* :mod:`.codec` (events in :mod:`.events`): :class:`~.codec.ServerCodec`
+  and :class:`~.codec.ClientCodec`, one state machine per stream for each
+  role, the four call kinds as Go's implementation puts them on the wire;
+  and the proxy pair, :class:`~.codec.ProxyServerCodec` and
+  :class:`~.codec.ProxyClientCodec`: many clients' streams on one upstream
+  connection, ids remapped, frames relayed untouched.
 
 Over trio:
 

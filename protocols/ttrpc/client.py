@@ -39,7 +39,8 @@ import trio
 
 from gateway.sdk import Session, tcp_transport, unix_transport
 
-from .client_codec import CallKind, ClientConnection, Reply, StreamMessage
+from .codec import CallKind, ClientCodec
+from .events import Reply, StreamMessage
 from .status import Code, Status, TtrpcError, deadline_exceeded
 
 __all__ = ["CallKind", "Client", "ClientCall", "Metadata", "open_client"]
@@ -203,13 +204,13 @@ def _sent_after_end() -> Status:
 class _ClientSession(Session):
     """The connection's reader and writer: hands replies to their calls."""
 
-    codec: ClientConnection
+    codec: ClientCodec
     timed_reads = False  # each call has its own deadline
 
     def __init__(self, stream: trio.abc.Stream, client: Client) -> None:
         super().__init__(
             stream,
-            ClientConnection(),
+            ClientCodec(),
             log=client.log,
             unit_timeout=0,
             linger=0,

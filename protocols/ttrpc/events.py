@@ -1,9 +1,11 @@
-"""What a ttrpc server connection reports: calls, their messages, and bad input.
+"""What the ttrpc codecs report: calls, their messages and bad input on the server
+side; messages and replies on the client side.
 
-Events are frozen dataclasses, as in h11. The codec answers nothing by
-itself: a :class:`BadInput` carries the status the Go server would send on
-that stream, and the driver sends it with ``reply`` (or not, for a proxy that
-decides otherwise).
+Events are frozen dataclasses, as in h11. The server codec answers nothing
+by itself: a :class:`BadInput` carries the status the Go server would send
+on that stream, and the driver sends it with ``reply`` (or not, for a proxy
+that decides otherwise). The client codec's events are :class:`StreamMessage`
+and :class:`Reply`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,16 @@ from dataclasses import dataclass, field
 from . import ttrpc_pb2
 from .status import Status
 
-__all__ = ["BadInput", "Call", "HalfClosed", "Message", "ServerEvent"]
+__all__ = [
+    "BadInput",
+    "Call",
+    "ClientEvent",
+    "HalfClosed",
+    "Message",
+    "Reply",
+    "ServerEvent",
+    "StreamMessage",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,3 +76,24 @@ class BadInput:
 
 
 ServerEvent = Call | Message | HalfClosed | BadInput
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMessage:
+    """A message the server sent on a streaming call (0 bytes is a message)."""
+
+    stream_id: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The end of a call: a Response (``payload`` and ``status``), or, for a server
+    stream that ended OK, its Data ``remote closed`` (``payload`` None)."""
+
+    stream_id: int
+    status: Status
+    payload: bytes | None
+
+
+ClientEvent = StreamMessage | Reply

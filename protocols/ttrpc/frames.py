@@ -102,9 +102,10 @@ class FrameReader:
     returns :class:`ConnectionClosed` (a partial frame is dropped).
     """
 
-    def __init__(self, max_data: int = MAX_DATA) -> None:
+    def __init__(self, max_data: int = MAX_DATA, buffer: ReceiveBuffer | None = None) -> None:
         self.max_data = max_data
-        self._buffer = ReceiveBuffer()
+        #: A codec passes its own (the lifecycle's), so both see the same bytes.
+        self._buffer = ReceiveBuffer() if buffer is None else buffer
         #: Bytes of an oversize frame's data still to skip.
         self._skip = 0
         #: Frames cut and not yet returned by :meth:`next_event`.

@@ -16,7 +16,8 @@ calls of routed services:
   the upstream, nor does a client's Data that the upstream's state of the
   stream does not take (Go servers up to 1.2.7 crash on Data for a stream
   they ended or for a unary method): only the methods an upstream names in
-  ``client_streaming`` get the client's messages (see ``proxy_codec``);
+  ``client_streaming`` get the client's messages (see the proxy pair in
+  ``codec``);
 * a client that goes away leaves its calls running upstream (ttrpc cannot
   cancel them; closing the shared connection would fail other clients'
   calls) and their replies are dropped; a client that does not read what
@@ -27,6 +28,11 @@ calls of routed services:
 
 A client's half-close of its socket is not relayed: Go servers read it as
 "client gone" and drop replies still owed to everyone on that connection.
+
+The codecs name each other, never the sessions: each :class:`ProxySession`
+keeps its upstream codecs' :class:`Link` (``_links``), and each :class:`Link`
+the sessions of the client codecs it carries streams for (``clients``), both
+filled when a stream is relayed.
 """
 
 from __future__ import annotations
@@ -44,8 +50,8 @@ from gateway.sdk import Session, Upstream, describe_error, first_leaf
 
 from . import status as statuses
 from . import ttrpc_pb2
+from .codec import ProxyClientCodec, ProxyServerCodec
 from .events import BadInput, Call, HalfClosed, Message
-from .proxy_codec import ProxyClientConnection, ProxyServerConnection
 from .server import TtrpcSession, too_many_calls
 from .status import Code, Status
 
@@ -93,22 +99,24 @@ class Routes:
 class Link(Session):
     """One connection to an upstream server, carrying many clients' streams."""
 
-    codec: ProxyClientConnection
+    codec: ProxyClientCodec
     timed_reads = False  # calls end by their own deadlines, upstream
 
     def __init__(self, stream: trio.abc.Stream, pool: Pool, peer: str) -> None:
         super().__init__(
             stream,
-            ProxyClientConnection(client_streaming=pool.client_streaming),
+            ProxyClientCodec(client_streaming=pool.client_streaming),
             log=pool.log,
             unit_timeout=0,
             linger=0,
             write_timeout=pool.write_timeout,
         )
-        self.codec.context = self
         self.pool = pool
         self.peer = peer
         self.lost = False
+        #: The session of each client codec with streams relayed here (its own, until
+        #: it ends: :meth:`ProxySession.run`).
+        self.clients: dict[ProxyServerCodec, ProxySession] = {}
 
     async def handle(self, event: object) -> None:
         """The codec makes no events: what it receives goes to the clients."""
@@ -124,8 +132,10 @@ class Link(Session):
 
     def deliver(self) -> None:
         """Hand each client connection what the server sent for it."""
-        for owner, data in self.codec.take_relayed():
-            owner.context.relayed(data)
+        for client, data in self.codec.take_relayed():
+            session = self.clients.get(client)
+            if session is not None:  # (a client that ended has its streams orphaned)
+                session.relayed(data)
 
     def end_of_input(self) -> None:
         self.stop()
@@ -261,7 +271,7 @@ class Pool:
 class ProxySession(TtrpcSession):
     """A client connection: local services answered here, routed ones relayed."""
 
-    codec: ProxyServerConnection
+    codec: ProxyServerCodec
 
     def __init__(
         self,
@@ -272,11 +282,13 @@ class ProxySession(TtrpcSession):
         max_backlog: int = MAX_BACKLOG,
         **kwargs: Any,
     ) -> None:
-        codec = ProxyServerConnection(self._ready_upstream, self, has_room=_has_room)
+        codec = ProxyServerCodec(self._ready_upstream, has_room=self._has_room)
         super().__init__(stream, services, codec=codec, **kwargs)
         self.routes = routes
         self.max_backlog = max_backlog
         self._overrun = False
+        #: The link of each upstream codec this session relayed a stream on.
+        self._links: dict[ProxyClientCodec, Link] = {}
 
     def open_calls(self) -> int:
         """Calls answered here and calls relayed: ``max_calls`` bounds them together."""
@@ -290,8 +302,24 @@ class ProxySession(TtrpcSession):
             await super().run()
         finally:
             self.codec.orphan_all()
+            for link in self._links.values():
+                link.clients.pop(self.codec, None)
 
-    def _ready_upstream(self, service: str) -> ProxyClientConnection | None:
+    def _attach(self, link: Link) -> ProxyClientCodec:
+        """Streams of this session go on ``link``: each side can find the other's session
+        from its codec. Links lost meanwhile are forgotten (their streams are over)."""
+        if link.codec not in self._links:
+            if len(self._links) >= 16:
+                self._links = {c: one for c, one in self._links.items() if not one.lost}
+            self._links[link.codec] = link
+        link.clients[self.codec] = self
+        return link.codec
+
+    def _has_room(self, upstream: ProxyClientCodec) -> bool:
+        """Whether an upstream codec's :class:`Link` takes more output now."""
+        return self._links[upstream].has_room
+
+    def _ready_upstream(self, service: str) -> ProxyClientCodec | None:
         """The codec's router: the upstream connection to relay a new stream on at once,
         or None (the stream comes out as a Call: local, refused, or relayed once a
         connection is ready)."""
@@ -303,13 +331,13 @@ class ProxySession(TtrpcSession):
         link = pool.ready_link()
         if link is None or not link.has_room:
             return None
-        return link.codec
+        return self._attach(link)
 
     def received(self) -> None:
         touched = self.codec.take_touched()
         if touched:
             for upstream in touched:
-                upstream.context.flush_codec()
+                self._links[upstream].flush_codec()
             if self.guard is not None:
                 self.guard.progress()
 
@@ -324,7 +352,7 @@ class ProxySession(TtrpcSession):
         elif isinstance(event, Message | HalfClosed):
             upstream = self.codec.upstream_of(event.stream_id)
             if upstream is not None:
-                await self._relay_later(event, upstream.context)
+                await self._relay_later(event, self._links[upstream])
                 return
         elif isinstance(event, BadInput) and event.note:
             self._undeclared(event.stream_id, event.note)
@@ -337,7 +365,7 @@ class ProxySession(TtrpcSession):
         upstream = self.codec.upstream_of(stream_id)
         if upstream is None:
             return
-        pool = upstream.context.pool
+        pool = self._links[upstream].pool
         if method in pool.warned or len(pool.warned) >= MAX_WARNED:
             return
         pool.warned.add(method)
@@ -390,7 +418,7 @@ class ProxySession(TtrpcSession):
             shrunk.CopyFrom(call.request)
             shrunk.timeout_nano = left
             request = shrunk.SerializeToString()
-        self.codec.relay(call, request, link.codec)
+        self.codec.relay(call, request, self._attach(link))
         self.received()
 
     def relayed(self, data: bytes) -> None:
@@ -403,12 +431,6 @@ class ProxySession(TtrpcSession):
             self._overrun = True
             self.log.warning("closing: %d bytes relayed to this client are not read", self.unsent)
             self.nursery.cancel_scope.cancel()
-
-
-def _has_room(upstream: ProxyClientConnection) -> bool:
-    """Whether an upstream connection takes more output now (its :class:`Link`'s room)."""
-    link: Link = upstream.context
-    return link.has_room
 
 
 def _lost(pool: Pool) -> Status:

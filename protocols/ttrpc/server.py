@@ -2,7 +2,7 @@
 
 Register handlers on a :class:`Service` (by full protobuf service name) and
 serve a connection with :class:`TtrpcSession` (the protocol toolkit's
-:class:`~gateway.protocol.Session` driving :class:`ServerConnection`). Each
+:class:`~gateway.protocol.Session` driving :class:`~.codec.ServerCodec`). Each
 call runs in a task of its own, so calls on one connection run concurrently
 and their replies go out in completion order, as Go's server does. A call's
 inbound messages wait in a bounded queue of their own; a burst larger than
@@ -30,9 +30,8 @@ import trio
 from gateway.sdk import Session
 
 from . import status as statuses
-from .client_codec import CallKind
+from .codec import CallKind, ServerCodec, StreamState
 from .events import BadInput, Call, HalfClosed, Message
-from .server_codec import ServerConnection, StreamState
 from .status import Code, Status, TtrpcError
 
 __all__ = ["CallContext", "MessageStream", "Method", "Service", "TtrpcSession"]
@@ -127,7 +126,7 @@ class _Active:
 class TtrpcSession(Session):
     """One ttrpc connection, server side, for ``services`` (by full name)."""
 
-    codec: ServerConnection
+    codec: ServerCodec
     read_while_draining = True  # streaming calls still need their messages
     timed_reads = False  # a ttrpc peer owes us nothing by a deadline
 
@@ -137,12 +136,12 @@ class TtrpcSession(Session):
         services: dict[str, Service],
         *,
         max_calls: int = MAX_CALLS,
-        codec: ServerConnection | None = None,
+        codec: ServerCodec | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("log", log)
         kwargs.setdefault("unit_timeout", 0)
-        super().__init__(stream, codec if codec is not None else ServerConnection(), **kwargs)
+        super().__init__(stream, codec if codec is not None else ServerCodec(), **kwargs)
         self.services = services
         #: Calls one connection may run at once; more are refused (RESOURCE_EXHAUSTED).
         self.max_calls = max_calls

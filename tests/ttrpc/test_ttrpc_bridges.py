@@ -29,7 +29,7 @@ from protocols.lumberjack.client import LumberjackClient
 from protocols.ttrpc import Code, TtrpcError
 from protocols.ttrpc import messaging_pb2 as pb
 from protocols.ttrpc.client import Client, ClientCall, open_client
-from protocols.ttrpc.client_codec import CallKind
+from protocols.ttrpc.codec import CallKind
 from protocols.ttrpc.messaging import SERVICE
 
 #: Bound on anything awaited over the sockets (generous for slow CI machines).

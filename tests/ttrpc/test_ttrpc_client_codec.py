@@ -21,9 +21,8 @@ from protocols.ttrpc import (
     ttrpc_pb2,
 )
 from protocols.ttrpc import status as statuses
-from protocols.ttrpc.client_codec import CallKind, ClientConnection, Reply, StreamMessage
-from protocols.ttrpc.events import Call, HalfClosed, Message
-from protocols.ttrpc.server_codec import ServerConnection
+from protocols.ttrpc.codec import CallKind, ClientCodec, ServerCodec
+from protocols.ttrpc.events import Call, HalfClosed, Message, Reply, StreamMessage
 
 RC, RO, ND = Flags.REMOTE_CLOSED, Flags.REMOTE_OPEN, Flags.NO_DATA
 REQ, RESP, DATA = MessageType.REQUEST, MessageType.RESPONSE, MessageType.DATA
@@ -39,7 +38,7 @@ def frame_of(wire: bytes) -> Frame:
     return frame
 
 
-def events(conn: ClientConnection | ServerConnection, data: bytes) -> list[object]:
+def events(conn: ClientCodec | ServerCodec, data: bytes) -> list[object]:
     if data:
         conn.receive_data(data)
     out: list[object] = []
@@ -58,13 +57,13 @@ def response(payload: bytes = b"", status: Status | None = None) -> bytes:
 
 
 def test_ids_are_odd_and_rise_by_two() -> None:
-    conn = ClientConnection()
+    conn = ClientCodec()
     ids = [conn.start(CallKind.UNARY, "s.S", "M")[0] for _ in range(4)]
     assert ids == [1, 3, 5, 7]
 
 
 def test_what_each_kind_sends_first() -> None:
-    conn = ClientConnection()
+    conn = ClientCodec()
     _sid, wire = conn.start(
         CallKind.UNARY, "svc.S", "Echo", b"hi", timeout_nano=10**8, metadata=[("k", "v")]
     )
@@ -84,7 +83,7 @@ def test_what_each_kind_sends_first() -> None:
 
 
 def test_unary_reply_ok_and_error() -> None:
-    conn = ClientConnection()
+    conn = ClientCodec()
     conn.start(CallKind.UNARY, "s.S", "M")
     conn.start(CallKind.UNARY, "s.S", "M")
     wire = encode_frame(3, RESP, 0, response(b"r")) + encode_frame(
@@ -98,7 +97,7 @@ def test_unary_reply_ok_and_error() -> None:
 
 
 def test_server_streaming_messages_then_the_close() -> None:
-    conn = ClientConnection()
+    conn = ClientCodec()
     sid, _ = conn.start(CallKind.SERVER_STREAMING, "s.S", "M", b"q")
     wire = (
         encode_frame(sid, DATA, 0, b"a")
@@ -115,7 +114,7 @@ def test_server_streaming_messages_then_the_close() -> None:
 
 
 def test_client_streaming_sends_data_and_closes() -> None:
-    conn = ClientConnection()
+    conn = ClientCodec()
     sid, _ = conn.start(CallKind.CLIENT_STREAMING, "s.S", "M")
     assert conn.send(sid, b"a") == encode_frame(sid, DATA, 0, b"a")
     assert conn.close_send(sid) == bytes.fromhex("00000000000000010305")
@@ -125,7 +124,7 @@ def test_client_streaming_sends_data_and_closes() -> None:
 
 
 def test_a_server_that_answers_early_ends_the_call() -> None:
-    conn = ClientConnection()
+    conn = ClientCodec()
     sid, _ = conn.start(CallKind.BIDI, "s.S", "M")
     conn.send(sid, b"a")
     failed = Status(Code.INVALID_ARGUMENT, "enough")
@@ -137,7 +136,7 @@ def test_a_server_that_answers_early_ends_the_call() -> None:
 
 
 def test_late_unknown_and_foreign_frames_are_dropped() -> None:
-    conn = ClientConnection()
+    conn = ClientCodec()
     sid, _ = conn.start(CallKind.UNARY, "s.S", "M")
     conn.abandon(sid)  # timed out locally
     wire = (
@@ -149,7 +148,7 @@ def test_late_unknown_and_foreign_frames_are_dropped() -> None:
 
 
 def test_data_on_a_unary_call_and_an_oversize_frame_fail_their_call_only() -> None:
-    conn = ClientConnection(max_data=8)
+    conn = ClientCodec(max_data=8)
     a, _ = conn.start(CallKind.UNARY, "s.S", "M")
     b, _ = conn.start(CallKind.SERVER_STREAMING, "s.S", "M")
     c, _ = conn.start(CallKind.UNARY, "s.S", "M")
@@ -162,7 +161,7 @@ def test_data_on_a_unary_call_and_an_oversize_frame_fail_their_call_only() -> No
 
 
 def test_a_lost_connection_fails_every_active_call() -> None:
-    conn = ClientConnection()
+    conn = ClientCodec()
     ids = [conn.start(CallKind.UNARY, "s.S", "M")[0] for _ in range(3)]
     events(conn, encode_frame(ids[1], RESP, 0))
     conn.receive_data(b"")
@@ -179,7 +178,7 @@ def test_replies_split_at_every_byte() -> None:
     expected = [StreamMessage(3, b"m1"), Reply(1, OK, b"one"), StreamMessage(3, b"m2")]
     expected.append(Reply(3, OK, None))
     for cut in range(len(wire) + 1):
-        conn = ClientConnection()
+        conn = ClientCodec()
         conn.start(CallKind.UNARY, "s.S", "M")
         conn.start(CallKind.BIDI, "s.S", "M")
         assert events(conn, wire[:cut]) + events(conn, wire[cut:]) == expected, cut
@@ -195,7 +194,7 @@ def test_replies_split_at_every_byte() -> None:
 def test_both_codecs_agree_on_every_call_kind(
     kind: CallKind, ups: list[bytes], downs: list[bytes], request: bytes
 ) -> None:
-    client, server = ClientConnection(), ServerConnection()
+    client, server = ClientCodec(), ServerCodec()
     payload = b"" if kind.client_streams else request
     sid, wire = client.start(kind, "svc.S", "M", payload)
     if kind.client_streams:

@@ -27,8 +27,7 @@ from protocols.ttrpc import (
     ttrpc_pb2,
 )
 from protocols.ttrpc import status as statuses
-from protocols.ttrpc.events import BadInput, Call, HalfClosed, Message
-from protocols.ttrpc.proxy_codec import (
+from protocols.ttrpc.codec import (
     CLIENT_STEP,
     EMPTY,
     FORWARD,
@@ -39,9 +38,10 @@ from protocols.ttrpc.proxy_codec import (
     U_FAIL,
     U_RESPONSE,
     UPSTREAM_STEP,
-    ProxyClientConnection,
-    ProxyServerConnection,
+    ProxyClientCodec,
+    ProxyServerCodec,
 )
+from protocols.ttrpc.events import BadInput, Call, HalfClosed, Message
 
 RC, RO, ND = Flags.REMOTE_CLOSED, Flags.REMOTE_OPEN, Flags.NO_DATA
 REQ, RESP, DATA = MessageType.REQUEST, MessageType.RESPONSE, MessageType.DATA
@@ -73,16 +73,16 @@ class Rig:
     """One upstream connection; clients made with :meth:`client` route ``RELAYED`` to it."""
 
     def __init__(self) -> None:
-        self.upstream = ProxyClientConnection(client_streaming={STREAMING})
+        self.upstream = ProxyClientCodec(client_streaming={STREAMING})
         self.ready = True
 
-    def client(self) -> ProxyServerConnection:
-        def router(service: str) -> ProxyClientConnection | None:
+    def client(self) -> ProxyServerCodec:
+        def router(service: str) -> ProxyClientCodec | None:
             return self.upstream if service == RELAYED and self.ready else None
 
-        return ProxyServerConnection(router)
+        return ProxyServerCodec(router)
 
-    def from_client(self, client: ProxyServerConnection, data: bytes) -> list[object]:
+    def from_client(self, client: ProxyServerCodec, data: bytes) -> list[object]:
         """Feed a client's bytes: the events it makes (the relayed frames wait upstream)."""
         client.receive_data(data)
         out: list[object] = []
@@ -94,7 +94,7 @@ class Rig:
     def sent_upstream(self) -> list[Frame]:
         return frames(self.upstream.data_to_send())
 
-    def from_server(self, data: bytes) -> dict[ProxyServerConnection, list[Frame]]:
+    def from_server(self, data: bytes) -> dict[ProxyServerCodec, list[Frame]]:
         """Feed the server's bytes: the frames each client gets."""
         self.upstream.receive_data(data)
         assert self.upstream.next_event() is NEED_DATA  # it makes no events
@@ -200,7 +200,7 @@ def test_a_bidi_stream_both_ways_and_its_closes() -> None:
 def test_data_for_a_full_upstream_comes_out_as_events_for_the_driver_to_relay() -> None:
     rig = Rig()
     room = [True]
-    client = ProxyServerConnection(lambda service: rig.upstream, has_room=lambda up: room[0])
+    client = ProxyServerCodec(lambda service: rig.upstream, has_room=lambda up: room[0])
     rig.from_client(client, encode_frame(1, REQ, RO, request_body()))
     rig.sent_upstream()
     room[0] = False  # the upstream connection is over its high water
@@ -306,8 +306,8 @@ def test_a_lost_connection_fails_each_live_stream_with_the_status_given() -> Non
 
 
 def test_each_connection_uses_odd_ids_until_they_run_out() -> None:
-    upstream = ProxyClientConnection()
-    client = ProxyServerConnection(lambda service: upstream)
+    upstream = ProxyClientCodec()
+    client = ProxyServerCodec(lambda service: upstream)
     upstream._next_id = 2**31 - 1  # the last odd id a connection may use
     client.receive_data(encode_frame(1, REQ, 0, request_body()))
     assert client.next_event() is NEED_DATA
@@ -606,7 +606,7 @@ def test_a_gone_client_s_stream_drops_what_the_server_sends_until_the_server_end
 def test_data_held_for_a_full_upstream_is_dropped_once_the_server_ended_the_stream() -> None:
     rig = Rig()
     room = [True]
-    client = ProxyServerConnection(rig.client().router, has_room=lambda up: room[0])
+    client = ProxyServerCodec(rig.client().router, has_room=lambda up: room[0])
     rig.from_client(client, opened(RO))
     rig.sent_upstream()
     room[0] = False

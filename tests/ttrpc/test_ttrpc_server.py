@@ -14,7 +14,8 @@ import trio.testing
 from gateway.protocol import NEED_DATA
 from protocols.ttrpc import Code, Status, TtrpcError
 from protocols.ttrpc import status as statuses
-from protocols.ttrpc.client_codec import CallKind, ClientConnection, Reply, StreamMessage
+from protocols.ttrpc.codec import CallKind, ClientCodec
+from protocols.ttrpc.events import Reply, StreamMessage
 from protocols.ttrpc.server import (
     INBOUND_MESSAGES,
     INBOUND_WAIT,
@@ -72,7 +73,7 @@ class Client:
 
     def __init__(self, stream: trio.SocketStream) -> None:
         self.stream = stream
-        self.codec = ClientConnection()
+        self.codec = ClientCodec()
 
     async def send(self, data: bytes) -> None:
         await self.stream.send_all(data)

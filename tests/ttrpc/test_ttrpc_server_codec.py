@@ -19,8 +19,8 @@ from protocols.ttrpc import (
     ttrpc_pb2,
 )
 from protocols.ttrpc import status as statuses
+from protocols.ttrpc.codec import ServerCodec, StreamState
 from protocols.ttrpc.events import BadInput, Call, HalfClosed, Message
-from protocols.ttrpc.server_codec import ServerConnection, StreamState
 
 RC, RO, ND = Flags.REMOTE_CLOSED, Flags.REMOTE_OPEN, Flags.NO_DATA
 REQ, RESP, DATA = MessageType.REQUEST, MessageType.RESPONSE, MessageType.DATA
@@ -31,7 +31,7 @@ def request(sid: int, flags: int = 0, payload: bytes = b"", method: str = "M") -
     return encode_frame(sid, REQ, flags, body.SerializeToString())
 
 
-def events(conn: ServerConnection, data: bytes) -> list[object]:
+def events(conn: ServerCodec, data: bytes) -> list[object]:
     if data:
         conn.receive_data(data)
     out: list[object] = []
@@ -58,7 +58,7 @@ def answer(data: bytes) -> tuple[int, ttrpc_pb2.Response]:
 
 
 def test_unary_a_request_and_one_response_without_status() -> None:
-    conn = ServerConnection()
+    conn = ServerCodec()
     (call,) = events(conn, request(1, 0, b"hi"))
     assert isinstance(call, Call)
     assert (call.stream_id, call.request.payload, call.client_streams) == (1, b"hi", False)
@@ -75,7 +75,7 @@ def test_unary_a_request_and_one_response_without_status() -> None:
 
 
 def test_a_unary_stream_takes_no_data_either_way() -> None:
-    conn = ServerConnection()
+    conn = ServerCodec()
     events(conn, request(1))
     with pytest.raises(LocalProtocolError):
         conn.send_data(1, b"x")
@@ -83,7 +83,7 @@ def test_a_unary_stream_takes_no_data_either_way() -> None:
 
 
 def test_server_streaming_ends_with_data_remote_closed_no_data() -> None:
-    conn = ServerConnection()
+    conn = ServerCodec()
     (call,) = events(conn, request(3, RC, b""))  # an empty request is still the message
     assert isinstance(call, Call)
     assert not call.client_streams
@@ -97,7 +97,7 @@ def test_server_streaming_ends_with_data_remote_closed_no_data() -> None:
 
 
 def test_server_streaming_fails_with_a_response_carrying_the_status() -> None:
-    conn = ServerConnection()
+    conn = ServerCodec()
     events(conn, request(1, RC))
     conn.send_data(1, b"one")
     sid, response = answer(conn.respond(1, status=statuses.Status(Code.NOT_FOUND, "gone")))
@@ -107,7 +107,7 @@ def test_server_streaming_fails_with_a_response_carrying_the_status() -> None:
 
 
 def test_client_streaming_messages_then_close_then_one_response() -> None:
-    conn = ServerConnection()
+    conn = ServerCodec()
     wire = (
         request(5, RO)
         + encode_frame(5, DATA, 0, b"a")
@@ -124,14 +124,14 @@ def test_client_streaming_messages_then_close_then_one_response() -> None:
 
 
 def test_ttrpc_rust_s_client_streaming_request_with_no_data_flag() -> None:
-    conn = ServerConnection()
+    conn = ServerCodec()
     (call,) = events(conn, request(1, RO | ND))
     assert isinstance(call, Call)
     assert call.client_streams
 
 
 def test_bidi_both_sides_stream_and_close() -> None:
-    conn = ServerConnection()
+    conn = ServerCodec()
     events(conn, request(1, RO))
     assert events(conn, encode_frame(1, DATA, 0, b"ping")) == [Message(1, b"ping")]
     assert conn.send_data(1, b"pong") == encode_frame(1, DATA, 0, b"pong")
@@ -141,7 +141,7 @@ def test_bidi_both_sides_stream_and_close() -> None:
 
 
 def test_a_close_carrying_a_message_delivers_it_then_closes() -> None:
-    conn = ServerConnection()
+    conn = ServerCodec()
     events(conn, request(1, RO))
     assert events(conn, encode_frame(1, DATA, RC, b"last")) == [
         Message(1, b"last"),
@@ -153,7 +153,7 @@ def test_a_close_carrying_a_message_delivers_it_then_closes() -> None:
 
 
 def test_no_data_without_close_says_nothing() -> None:
-    conn = ServerConnection()
+    conn = ServerCodec()
     events(conn, request(1, RO))
     assert events(conn, encode_frame(1, DATA, ND)) == []
     assert conn.stream_state(1) is StreamState.OPEN
@@ -168,14 +168,14 @@ def test_no_data_without_close_says_nothing() -> None:
     ],
 )
 def test_bad_ids_are_answered_on_their_stream(wire: bytes, expected: BadInput) -> None:
-    conn = ServerConnection()
+    conn = ServerCodec()
     assert events(conn, wire) == [expected]
     (call,) = events(conn, request(11))  # and the connection goes on
     assert isinstance(call, Call)
 
 
 def test_ids_rise_with_gaps_allowed_and_are_never_reused() -> None:
-    conn = ServerConnection()
+    conn = ServerCodec()
     events(conn, request(1) + request(7))
     assert events(conn, request(5)) == [BadInput(5, statuses.id_reused())]
     assert events(conn, request(7)) == [BadInput(7, statuses.id_reused())]
@@ -183,7 +183,7 @@ def test_ids_rise_with_gaps_allowed_and_are_never_reused() -> None:
 
 
 def test_an_undecodable_request_and_an_empty_one() -> None:
-    conn = ServerConnection()
+    conn = ServerCodec()
     (bad,) = events(conn, encode_frame(1, REQ, 0, b"\xff\xff\xff"))
     assert isinstance(bad, BadInput)
     assert bad.status.code == Code.INVALID_ARGUMENT
@@ -195,13 +195,13 @@ def test_an_undecodable_request_and_an_empty_one() -> None:
 
 
 def test_unknown_frame_types_and_a_client_response_are_ignored() -> None:
-    conn = ServerConnection()
+    conn = ServerCodec()
     wire = encode_frame(1, 0x07, 0, b"future") + encode_frame(1, RESP, 0) + request(3)
     assert [type(e) for e in events(conn, wire)] == [Call]
 
 
 def test_oversize_frames_are_refused_on_their_stream_and_the_connection_goes_on() -> None:
-    conn = ServerConnection(max_data=16)
+    conn = ServerCodec(max_data=16)
     events(conn, request(1, RO))
     big = (17).to_bytes(4, "big") + (1).to_bytes(4, "big") + bytes([DATA, 0]) + bytes(17)
     (bad,) = events(conn, big)
@@ -231,15 +231,15 @@ def test_a_conversation_split_at_every_byte() -> None:
         + request(2)
         + encode_frame(3, DATA, 0, b"late")
     )
-    expected = events(ServerConnection(), wire)
+    expected = events(ServerCodec(), wire)
     assert len(expected) == 6
     for cut in range(1, len(wire)):
-        conn = ServerConnection()
+        conn = ServerCodec()
         assert events(conn, wire[:cut]) + events(conn, wire[cut:]) == expected, cut
 
 
 def test_the_end_of_input_is_reported() -> None:
-    conn = ServerConnection()
+    conn = ServerCodec()
     conn.receive_data(request(1)[:-1])
     conn.receive_data(b"")
     assert conn.next_event() == ConnectionClosed()
