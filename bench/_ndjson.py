@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import trio
-from interchange_ndjson import Deliver, NdjsonConnection
+from interchange_ndjson import ClientCodec, Deliver
 
 from . import Result
 from ._gateway import RunningGateway
@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 
-def delivered(codec: NdjsonConnection, tag: int, destination: str, *, call: bool = False) -> None:
+def delivered(codec: ClientCodec, tag: int, destination: str, *, call: bool = False) -> None:
     """``codec`` (a client subscribed to ``destination``) receives the delivery ``tag``,
     so that it may ack or reply to it: for checking templates against the codec."""
     line = b'{"op":"msg","tag":%d,"dest":"%s","body":"","call":%s}\n'

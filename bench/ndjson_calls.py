@@ -32,7 +32,7 @@ from collections import Counter
 from typing import Any
 
 import trio
-from interchange_ndjson.codec import CLIENT, NEED_DATA, NdjsonConnection
+from interchange_ndjson.codec import NEED_DATA, ClientCodec
 from interchange_ndjson.events import (
     Call,
     ConnectionClosed,
@@ -109,7 +109,7 @@ class Templates:
         self.size = size
         self.padding = b"x" * (size - SEQ_DIGITS)
         self.seq = b"%%0%dd" % SEQ_DIGITS
-        codec = NdjsonConnection(CLIENT)
+        codec = ClientCodec()
         codec.send(Subscribe(SERVICE, GROUP))
         # The timeout as the codec writes it (5, not 5.0), cut out of a real line.
         timeout_json = codec.send(Call(b"", SERVICE, timeout=timeout)).rsplit(b":", 1)[1][:-2]
@@ -195,7 +195,7 @@ class Load:
     async def call(self, stream: trio.abc.Stream) -> None:
         """Keep ``concurrency`` calls outstanding: send them, and one more per answer."""
         await self.send_calls(stream, self.concurrency)
-        codec = NdjsonConnection(CLIENT)
+        codec = ClientCodec()
         answered, send_times, latencies = self.answered, self.send_times, self.latencies
         body = self.templates.body
         perf_counter = time.perf_counter
@@ -257,11 +257,11 @@ class Load:
         Started once the gateway answered a ``ping`` sent after the ``sub``: the
         connection's lines are handled in order, so the subscription exists by then.
         """
-        codec = NdjsonConnection(CLIENT)
+        codec = ClientCodec()
         sub = Subscribe(SERVICE, GROUP, None, self.window)
         # Replies go out as templates, so the codec that parses the deliveries must not
         # hold the subscription: it would count each delivery as unsettled.
-        sender = NdjsonConnection(CLIENT)
+        sender = ClientCodec()
         await stream.send_all(sender.send(sub) + sender.send(Ping()))
         started = False
         reply, failed, served, size = (

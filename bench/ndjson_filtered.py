@@ -29,7 +29,7 @@ import contextlib
 import time
 
 import trio
-from interchange_ndjson.codec import CLIENT, NEED_DATA, NdjsonConnection
+from interchange_ndjson.codec import NEED_DATA, ClientCodec
 from interchange_ndjson.events import (
     ConnectionClosed,
     Deliver,
@@ -82,7 +82,7 @@ class ShardTemplates(Templates):
             self.padding + b'","headers":{"' + HEADER.encode() + b'":"%d"}}\n' % k
             for k in range(shards)
         ]
-        codec = NdjsonConnection(CLIENT)
+        codec = ClientCodec()
         for n in (1, shards + 2, 987_654_321):
             headers = {HEADER: str(n % shards)}
             expected = codec.send(Publish(self.body(n), DESTINATION, headers, None, n))
@@ -123,13 +123,13 @@ class FilteredLoad(Load):
         Started once the gateway answered a ``ping`` sent after the ``sub``: the
         connection's lines are handled in order, so the subscription exists by then.
         """
-        codec = NdjsonConnection(CLIENT)
+        codec = ClientCodec()
         label = str(shard)
         wanted = Filter.equals(**{HEADER: label})
         sub = Subscribe(DESTINATION, None, None, self.window, filter=wanted)
         # Acks go out as templates, so the codec that parses the deliveries must not
         # hold the subscription: it would count each delivery as unsettled.
-        sender = NdjsonConnection(CLIENT)
+        sender = ClientCodec()
         await stream.send_all(sender.send(sub) + sender.send(Ping()))
         started = False
         ack, received, size, shards = self.templates.ack, self.received, self.size, self.shards

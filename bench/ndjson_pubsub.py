@@ -20,7 +20,7 @@ duplicate, no redelivery, every body intact.
 
 Lines are sent from byte templates, checked once against the plugin's own
 codec so they are exactly what ``NdjsonClient`` would send; everything
-received is parsed with the codec (``NdjsonConnection(CLIENT)``), as a real
+received is parsed with the codec (``ClientCodec()``), as a real
 client does. The load generator stays cheap (about a third of the gateway's
 CPU per message) so that, on 2 cores, the gateway in its own process is the
 bottleneck. At the default in-flight bound the loop moves in a few large
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from interchange_ndjson.codec import CLIENT, NEED_DATA, NdjsonConnection
+from interchange_ndjson.codec import NEED_DATA, ClientCodec
 from interchange_ndjson.events import (
     Ack,
     ConnectionClosed,
@@ -144,7 +144,7 @@ class Templates:
         self.pub_tail = b'"}\n'
         self.seq = b"%%0%dd" % SEQ_DIGITS
         self.ack = b'{"op":"ack","tag":%d}\n'
-        codec = NdjsonConnection(CLIENT)
+        codec = ClientCodec()
         codec.send(Subscribe(DESTINATION))
         for n in (1, 987_654_321):
             expected = codec.send(Publish(self.body(n), DESTINATION, {}, None, n))
@@ -240,7 +240,7 @@ class Load:
             await stream.send_all(data)
 
     async def read_answers(self, stream: trio.abc.ReceiveStream) -> None:
-        codec = NdjsonConnection(CLIENT)
+        codec = ClientCodec()
         answered, send_times, latencies = self.answered, self.send_times, self.latencies
         timeline = self.timeline
         perf_counter = time.perf_counter
@@ -299,9 +299,9 @@ class Load:
     ) -> None:
         # Acks go out as templates, so the codec that parses the deliveries must not
         # hold the subscription: it would count each delivery as unsettled.
-        codec = NdjsonConnection(CLIENT)
+        codec = ClientCodec()
         sub = Subscribe(DESTINATION, None, None, self.window)
-        await stream.send_all(NdjsonConnection(CLIENT).send(sub))
+        await stream.send_all(ClientCodec().send(sub))
         task_status.started()
         ack, received, size = self.templates.ack, self.received, self.size
         while True:

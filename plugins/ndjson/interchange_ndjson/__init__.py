@@ -1,13 +1,14 @@
 """Newline-delimited JSON for Interchange: a sans-IO codec and its trio driver.
 
-The codec (:class:`NdjsonConnection` and the events in
-:mod:`interchange_ndjson.events`) imports no I/O library; its ``NEED_DATA``
-and ``ConnectionClosed`` are those of :mod:`gateway.protocol`, shared by every
-protocol. The plugin in :mod:`interchange_ndjson.plugin` drives it over a
+The codecs (:class:`ServerCodec`, :class:`ClientCodec` and the events in
+:mod:`interchange_ndjson.events`; lines to events and back in
+:mod:`interchange_ndjson.frames`) import no I/O library; their ``NEED_DATA``,
+``ConnectionClosed`` and ``CodecState`` are those of :mod:`gateway.protocol`,
+shared by every protocol. The plugin in :mod:`interchange_ndjson.plugin` drives it over a
 stream for the gateway as :class:`gateway.protocol.Session` subclasses.
 """
 
-from .codec import CLIENT, NEED_DATA, SERVER, NdjsonConnection
+from .codec import CLIENT, NEED_DATA, SERVER, ClientCodec, CodecState, ServerCodec
 from .events import (
     Ack,
     Call,
@@ -36,6 +37,8 @@ __all__ = [
     "SERVER",
     "Ack",
     "Call",
+    "ClientCodec",
+    "CodecState",
     "ConnectionClosed",
     "Credit",
     "Deliver",
@@ -44,7 +47,6 @@ __all__ = [
     "Event",
     "ItemResult",
     "Nack",
-    "NdjsonConnection",
     "Ping",
     "Pong",
     "Publish",
@@ -52,6 +54,7 @@ __all__ = [
     "Published",
     "Replied",
     "ReplyTo",
+    "ServerCodec",
     "Subscribe",
     "Unsubscribe",
 ]

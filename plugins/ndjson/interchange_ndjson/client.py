@@ -17,7 +17,7 @@ import trio
 
 from gateway.sdk import Filter, LocalProtocolError, RemoteProtocolError
 
-from .codec import CLIENT, NEED_DATA, NdjsonConnection
+from .codec import NEED_DATA, ClientCodec
 from .events import (
     Ack,
     Call,
@@ -47,7 +47,7 @@ class NdjsonClient:
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
-        self.codec = NdjsonConnection(CLIENT)
+        self.codec = ClientCodec()
         self._ids = itertools.count(1)
         self._answers: dict[int, Published | Replied] = {}
         self._deliveries: deque[Deliver | End] = deque()
@@ -208,6 +208,8 @@ class NdjsonClient:
             self.codec.receive_data(await self.stream.receive_some(RECEIVE_SIZE))
             while (event := self.codec.next_event()) is not NEED_DATA:
                 self._sort(event)
+                if isinstance(event, ConnectionClosed):  # (then every time)
+                    break
         except RemoteProtocolError as e:  # a line the codec refused
             self._closed = e
         finally:

@@ -23,30 +23,29 @@ from interchange_ndjson import (
     NEED_DATA,
     SERVER,
     Ack,
+    ClientCodec,
     ConnectionClosed,
     Credit,
     Deliver,
     Error,
     Event,
     Nack,
-    NdjsonConnection,
     Ping,
     Pong,
     Publish,
     Published,
+    ServerCodec,
     Subscribe,
     Unsubscribe,
 )
-from interchange_ndjson.codec import (
+from interchange_ndjson.codec import DEFAULT_MAX_LINE, CodecState, Role
+from interchange_ndjson.events import Call, End, ItemResult, PublishMany, Replied, ReplyTo
+from interchange_ndjson.frames import (
     DEFAULT_CALL_TIMEOUT,
-    DEFAULT_MAX_LINE,
     MAX_BATCH,
     MAX_CALL_TIMEOUT,
     MAX_WINDOW,
-    Role,
-    State,
 )
-from interchange_ndjson.events import Call, End, ItemResult, PublishMany, Replied, ReplyTo
 
 import gateway.protocol as toolkit
 from gateway.core.errors import LocalProtocolError, RemoteProtocolError
@@ -54,8 +53,12 @@ from gateway.core.filters import Condition, Filter, Op
 
 # -- helpers ------------------------------------------------------------------------
 
+#: The codec of each role.
+CODECS: dict[Role, type[ServerCodec | ClientCodec]] = {SERVER: ServerCodec, CLIENT: ClientCodec}
+NdjsonCodec = ServerCodec | ClientCodec
 
-def drain(conn: NdjsonConnection) -> list[Event | ConnectionClosed]:
+
+def drain(conn: NdjsonCodec) -> list[Event | ConnectionClosed]:
     """Every event ``conn`` can produce from what it has received so far."""
     events: list[Event | ConnectionClosed] = []
     while True:
@@ -64,13 +67,15 @@ def drain(conn: NdjsonConnection) -> list[Event | ConnectionClosed]:
             return events
         assert isinstance(event, Event | ConnectionClosed)
         events.append(event)
+        if isinstance(event, ConnectionClosed):  # then ConnectionClosed every time
+            return events
 
 
 def parse_chunks(
     role: Role, chunks: Iterable[bytes], *, max_line: int = DEFAULT_MAX_LINE
 ) -> list[Event]:
     """Feed ``chunks`` then EOF to a fresh ``role`` codec; all the events, in order."""
-    conn = NdjsonConnection(role, max_line=max_line)
+    conn = CODECS[role](max_line=max_line)
     events: list[Event | ConnectionClosed] = []
     for chunk in chunks:
         if chunk:  # b"" would mean EOF
@@ -78,7 +83,7 @@ def parse_chunks(
             events += drain(conn)
     conn.receive_data(b"")
     events += drain(conn)
-    assert conn.state is State.CLOSED
+    assert conn.state is CodecState.CLOSED
     return events
 
 
@@ -95,7 +100,7 @@ def parse_line(role: Role, line: bytes) -> Event:
 HELPER_DEST = "allowing-helper-destination"
 
 
-def receive_line(conn: NdjsonConnection, obj: dict[str, Any]) -> Event:
+def receive_line(conn: NdjsonCodec, obj: dict[str, Any]) -> Event:
     """``conn`` receives ``obj`` as one line; the event it parses to."""
     conn.receive_data(json.dumps(obj).encode() + b"\n")
     event = conn.next_event()
@@ -103,7 +108,7 @@ def receive_line(conn: NdjsonConnection, obj: dict[str, Any]) -> Event:
     return event
 
 
-def allowing(conn: NdjsonConnection, event: Event) -> NdjsonConnection:
+def allowing(conn: NdjsonCodec, event: Event) -> NdjsonCodec:
     """``conn``, brought to a state that lets it send ``event`` the way a peer that
     follows the protocol gets there (the lines that takes are dropped)."""
     if conn.role is SERVER:
@@ -130,7 +135,7 @@ def allowing(conn: NdjsonConnection, event: Event) -> NdjsonConnection:
 
 def sent(role: Role, event: Event) -> bytes:
     """The bytes ``role`` sends for ``event`` in a state that allows it."""
-    return allowing(NdjsonConnection(role), event).send(event)
+    return allowing(CODECS[role](), event).send(event)
 
 
 def split_at(data: bytes, cuts: Iterable[int]) -> list[bytes]:
@@ -531,7 +536,7 @@ def test_json_field_is_compact_utf8() -> None:
 def test_json_field_body_is_strict_json() -> None:
     # 1e400 is valid JSON but a float overflow: the body must not become b"Infinity",
     # which no strict JSON parser accepts, while being typed application/json.
-    conn = NdjsonConnection(SERVER)
+    conn = ServerCodec()
     conn.receive_data(b'{"op":"pub","json":[1e400]}\n')
     try:
         event = conn.next_event()
@@ -615,7 +620,7 @@ def test_stream_one_byte_at_a_time(name: str) -> None:
 @pytest.mark.parametrize("name", STREAMS)
 def test_stream_events_appear_as_soon_as_their_newline_arrives(name: str) -> None:
     role, data, events = STREAMS[name]
-    conn = NdjsonConnection(role)
+    conn = CODECS[role]()
     got: list[Event] = []
     for i in range(len(data)):
         conn.receive_data(data[i : i + 1])
@@ -638,29 +643,29 @@ def test_the_vocabulary_is_the_toolkits() -> None:
 
 
 def test_initial_state_is_open() -> None:
-    assert NdjsonConnection(SERVER).state is State.OPEN
-    assert NdjsonConnection(CLIENT).state is State.OPEN
+    assert ServerCodec().state is CodecState.OPEN
+    assert ClientCodec().state is CodecState.OPEN
 
 
 def test_eof_after_complete_lines_closes() -> None:
-    conn = NdjsonConnection(SERVER)
+    conn = ServerCodec()
     conn.receive_data(b'{"op":"ping"}\n{"op":"ack","tag":1}\n')
     conn.receive_data(b"")
     assert conn.next_event() == Ping()
-    assert conn.state is State.OPEN
+    assert conn.state is CodecState.OPEN
     assert conn.next_event() == Ack(1)
     assert conn.next_event() == ConnectionClosed()
-    assert conn.state is State.CLOSED
-    assert conn.next_event() is NEED_DATA
-    assert conn.state is State.CLOSED
+    assert conn.state is CodecState.CLOSED
+    assert conn.next_event() == ConnectionClosed()
+    assert conn.state is CodecState.CLOSED
 
 
 def test_eof_on_empty_input_closes() -> None:
-    conn = NdjsonConnection(CLIENT)
+    conn = ClientCodec()
     assert conn.next_event() is NEED_DATA
     conn.receive_data(b"")
     assert conn.next_event() == ConnectionClosed()
-    assert conn.state is State.CLOSED
+    assert conn.state is CodecState.CLOSED
 
 
 @pytest.mark.parametrize("tail", [b" ", b"\r", b" \t\r", b"\n\n"])
@@ -670,36 +675,36 @@ def test_eof_after_trailing_whitespace_closes(tail: bytes) -> None:
 
 @pytest.mark.parametrize("partial", [b"{", b'{"op":"ping"}', b'{"op":"ping"}\r', b"  x"])
 def test_eof_in_the_middle_of_a_line_is_an_error(partial: bytes) -> None:
-    conn = NdjsonConnection(SERVER)
+    conn = ServerCodec()
     conn.receive_data(b'{"op":"ping"}\n' + partial)
     assert conn.next_event() == Ping()
     assert conn.next_event() is NEED_DATA
     conn.receive_data(b"")
     with pytest.raises(RemoteProtocolError):
         conn.next_event()
-    assert conn.state is State.ERROR
+    assert conn.state is CodecState.ERROR
     with pytest.raises(LocalProtocolError):
         conn.next_event()
 
 
 def test_data_after_eof_is_a_local_error() -> None:
-    conn = NdjsonConnection(SERVER)
+    conn = ServerCodec()
     conn.receive_data(b"")
     with pytest.raises(LocalProtocolError):
         conn.receive_data(b"{}\n")
 
 
 def test_error_state_is_sticky() -> None:
-    conn = NdjsonConnection(SERVER)
+    conn = ServerCodec()
     conn.receive_data(b'{"op":"ping"}\nnot json\n{"op":"ping"}\n')
     assert conn.next_event() == Ping()
     with pytest.raises(RemoteProtocolError):
         conn.next_event()
-    assert conn.state is State.ERROR
+    assert conn.state is CodecState.ERROR
     for _ in range(2):
         with pytest.raises(LocalProtocolError):
             conn.next_event()
-    assert conn.state is State.ERROR
+    assert conn.state is CodecState.ERROR
     # Only an error line may still be sent.
     with pytest.raises(LocalProtocolError):
         conn.send(Pong())
@@ -707,15 +712,15 @@ def test_error_state_is_sticky() -> None:
 
 
 def test_sending_error_enters_error_state() -> None:
-    conn = NdjsonConnection(SERVER)
+    conn = ServerCodec()
     conn.send(Error("bad"))
-    assert conn.state is State.ERROR
+    assert conn.state is CodecState.ERROR
     with pytest.raises(LocalProtocolError):
         conn.send(Pong())
 
 
 def test_client_in_error_state_cannot_send() -> None:
-    conn = NdjsonConnection(CLIENT)
+    conn = ClientCodec()
     conn.receive_data(b"[]\n")
     with pytest.raises(RemoteProtocolError):
         conn.next_event()
@@ -739,7 +744,7 @@ def _bare_line(length: int) -> bytes:
 def test_line_of_exactly_max_line_is_accepted(pieces: int) -> None:
     line = _bare_line(MAX)
     step = -(-MAX // pieces)
-    conn = NdjsonConnection(SERVER, max_line=MAX)
+    conn = ServerCodec(max_line=MAX)
     for i in range(0, MAX, step):
         conn.receive_data(line[i : i + step])
         assert conn.next_event() is NEED_DATA
@@ -748,16 +753,16 @@ def test_line_of_exactly_max_line_is_accepted(pieces: int) -> None:
 
 
 def test_line_over_max_line_with_its_newline_is_rejected() -> None:
-    conn = NdjsonConnection(SERVER, max_line=MAX)
+    conn = ServerCodec(max_line=MAX)
     conn.receive_data(_bare_line(MAX + 1) + b"\n")
     with pytest.raises(RemoteProtocolError):
         conn.next_event()
-    assert conn.state is State.ERROR
+    assert conn.state is CodecState.ERROR
 
 
 @pytest.mark.parametrize("step", [1, 5, 10, MAX, MAX + 1, 200])
 def test_line_over_max_line_without_newline_is_rejected_early(step: int) -> None:
-    conn = NdjsonConnection(SERVER, max_line=MAX)
+    conn = ServerCodec(max_line=MAX)
     fed = 0
     while True:
         conn.receive_data(b"y" * step)
@@ -770,11 +775,11 @@ def test_line_over_max_line_without_newline_is_rejected_early(step: int) -> None
             conn.next_event()
         break
     assert fed <= MAX + step
-    assert conn.state is State.ERROR
+    assert conn.state is CodecState.ERROR
 
 
 def test_limit_is_per_line() -> None:
-    conn = NdjsonConnection(SERVER, max_line=MAX)
+    conn = ServerCodec(max_line=MAX)
     line = _bare_line(MAX)
     conn.receive_data(line + b"\n" + line[:-1])
     assert conn.next_event() == Publish(body=line, content_type="application/json")
@@ -787,7 +792,7 @@ def test_limit_is_per_line() -> None:
 
 
 def test_limit_applies_before_eof_check() -> None:
-    conn = NdjsonConnection(SERVER, max_line=MAX)
+    conn = ServerCodec(max_line=MAX)
     conn.receive_data(b" " * (MAX + 1))
     conn.receive_data(b"")
     with pytest.raises(RemoteProtocolError):
@@ -823,25 +828,25 @@ CLIENT_ONLY_EVENTS: list[Event] = [
 
 @pytest.mark.parametrize("event", SERVER_ONLY_EVENTS, ids=lambda e: type(e).__name__)
 def test_client_cannot_send_server_events(event: Event) -> None:
-    conn = NdjsonConnection(CLIENT)
+    conn = ClientCodec()
     with pytest.raises(LocalProtocolError):
         conn.send(event)
-    assert conn.state is State.OPEN
+    assert conn.state is CodecState.OPEN
 
 
 @pytest.mark.parametrize("event", CLIENT_ONLY_EVENTS, ids=lambda e: type(e).__name__)
 def test_server_cannot_send_client_events(event: Event) -> None:
-    conn = NdjsonConnection(SERVER)
+    conn = ServerCodec()
     with pytest.raises(LocalProtocolError):
         conn.send(event)
-    assert conn.state is State.OPEN
+    assert conn.state is CodecState.OPEN
 
 
 @pytest.mark.parametrize("event", [Event(), ConnectionClosed()], ids=["Event", "ConnectionClosed"])
 @pytest.mark.parametrize("role", [CLIENT, SERVER], ids=["client", "server"])
 def test_nobody_sends_pseudo_events(role: Role, event: Event) -> None:
     with pytest.raises(LocalProtocolError):
-        NdjsonConnection(role).send(event)
+        CODECS[role]().send(event)
 
 
 @pytest.mark.parametrize(
@@ -850,7 +855,7 @@ def test_nobody_sends_pseudo_events(role: Role, event: Event) -> None:
     ids=lambda line: line[:20].decode(),
 )
 def test_server_role_rejects_server_lines(line: bytes) -> None:
-    conn = NdjsonConnection(SERVER)
+    conn = ServerCodec()
     conn.receive_data(line)
     with pytest.raises(RemoteProtocolError):
         conn.next_event()
@@ -858,7 +863,7 @@ def test_server_role_rejects_server_lines(line: bytes) -> None:
 
 def test_server_role_rejects_published_ack() -> None:
     # "ack" from a client is Ack(tag); a Published line has no tag.
-    conn = NdjsonConnection(SERVER)
+    conn = ServerCodec()
     conn.receive_data(b'{"op":"ack","id":7,"status":"delivered"}\n')
     with pytest.raises(RemoteProtocolError):
         conn.next_event()
@@ -870,7 +875,7 @@ def test_server_role_rejects_published_ack() -> None:
     ids=lambda line: line[:20].decode("utf-8", "replace"),
 )
 def test_client_role_rejects_client_lines(line: bytes) -> None:
-    conn = NdjsonConnection(CLIENT)
+    conn = ClientCodec()
     conn.receive_data(line)
     with pytest.raises(RemoteProtocolError):
         conn.next_event()
@@ -1214,14 +1219,14 @@ BUG_VECTORS: list[tuple[Role, bytes]] = [
 
 def _assert_rejected(role: Role, line: bytes) -> None:
     for ending in (b"\n", b"\r\n"):
-        conn = NdjsonConnection(role)
+        conn = CODECS[role]()
         conn.receive_data(b'\n{"op":"ping"}\n' if role is SERVER else b'{"op":"pong"}\n')
         assert drain(conn) == [Ping() if role is SERVER else Pong()]
         conn.receive_data(line + ending)
         # Anything but RemoteProtocolError propagates and fails the test.
         with pytest.raises(RemoteProtocolError):
             conn.next_event()
-        assert conn.state is State.ERROR
+        assert conn.state is CodecState.ERROR
         with pytest.raises(LocalProtocolError):
             conn.next_event()
 
@@ -1249,11 +1254,11 @@ def test_rejects_hostile_json(role: Role, line: bytes) -> None:
 
 
 def _rejection(role: Role, line: bytes) -> str:
-    conn = NdjsonConnection(role)
+    conn = CODECS[role]()
     conn.receive_data(line + b"\n")
     with pytest.raises(RemoteProtocolError) as info:
         conn.next_event()
-    assert conn.state is State.ERROR
+    assert conn.state is CodecState.ERROR
     return str(info.value)
 
 
@@ -1317,7 +1322,7 @@ def test_client_rejection_names_the_field(line: bytes, words: list[str]) -> None
 
 def test_batch_of_max_batch_messages_round_trips() -> None:
     event = PublishMany(tuple(Publish(str(i).encode()) for i in range(MAX_BATCH)), 9)
-    line = NdjsonConnection(CLIENT).send(event)
+    line = ClientCodec().send(event)
     assert parse_line(SERVER, line) == event
     results = tuple(ItemResult("delivered", positions={"d": i}) for i in range(MAX_BATCH))
     answer = Published(9, "delivered", results=results)
@@ -1327,7 +1332,7 @@ def test_batch_of_max_batch_messages_round_trips() -> None:
 def test_batch_items_are_byte_exact() -> None:
     bodies = [b"", b"\x00", b"\xff\xfe", "é€😀".encode(), b"\xed\xa0\x80", b"a\nb\r", b'{"x":1}']
     event = PublishMany(tuple(Publish(b, content_type="t") for b in bodies))
-    got = parse_line(SERVER, NdjsonConnection(CLIENT).send(event))
+    got = parse_line(SERVER, ClientCodec().send(event))
     assert isinstance(got, PublishMany)
     assert [m.body for m in got.messages] == bodies
 
@@ -1337,7 +1342,7 @@ def test_batch_items_are_byte_exact() -> None:
     [(5, b"5"), (5.0, b"5"), (0.25, b"0.25"), (3600.0, b"3600"), (1e-9, b"1e-09"), (30, b"30")],
 )
 def test_call_timeout_is_written_as_a_plain_number(timeout: float, wire: bytes) -> None:
-    line = NdjsonConnection(CLIENT).send(Call(b"x", timeout=timeout))
+    line = ClientCodec().send(Call(b"x", timeout=timeout))
     assert line == b'{"op":"call","body":"x","timeout":' + wire + b"}\n"
     event = parse_line(SERVER, line)
     assert isinstance(event, Call)
@@ -1383,10 +1388,10 @@ LOCALLY_REFUSED: list[tuple[Role, Event]] = [
 
 @pytest.mark.parametrize(("role", "event"), LOCALLY_REFUSED)
 def test_send_refuses_what_the_peer_would_reject(role: Role, event: Event) -> None:
-    conn = allowing(NdjsonConnection(role), event)  # refused for what it holds, not the state
+    conn = allowing(CODECS[role](), event)  # refused for what it holds, not the state
     with pytest.raises(LocalProtocolError):
         conn.send(event)
-    assert conn.state is State.OPEN
+    assert conn.state is CodecState.OPEN
     # The refusal leaves the connection usable.
     conn.send(Ping() if role is CLIENT else Pong())
 
@@ -1413,26 +1418,26 @@ def test_filter_is_the_gateway_filter() -> None:
 # -- state: what each side may send (h11-style) ------------------------------------------
 
 
-def subscriber(*dests: str, window: int = 100) -> NdjsonConnection:
+def subscriber(*dests: str, window: int = 100) -> NdjsonCodec:
     """A client codec subscribed to ``dests``."""
-    conn = NdjsonConnection(CLIENT)
+    conn = ClientCodec()
     for dest in dests:
         conn.send(Subscribe(dest, window=window))
     return conn
 
 
-def deliver(conn: NdjsonConnection, tag: int, dest: str = "d", *, call: bool = False) -> None:
+def deliver(conn: NdjsonCodec, tag: int, dest: str = "d", *, call: bool = False) -> None:
     msg = {"op": "msg", "tag": tag, "dest": dest, "body": "x", "call": call}
     assert receive_line(conn, msg) == Deliver(tag, dest, b"x", call=call)
 
 
-def refused(conn: NdjsonConnection, event: Event, *words: str) -> None:
+def refused(conn: NdjsonCodec, event: Event, *words: str) -> None:
     """``conn`` refuses to send ``event``, saying ``words``, and stays usable."""
     with pytest.raises(LocalProtocolError) as info:
         conn.send(event)
     for word in words:
         assert word in str(info.value)
-    assert conn.state is State.OPEN
+    assert conn.state is CodecState.OPEN
 
 
 SETTLE = [Ack, Nack, lambda tag: ReplyTo(tag, b"r")]
@@ -1462,14 +1467,14 @@ def test_a_client_replies_only_to_a_call() -> None:
 
 
 def test_a_delivery_for_a_destination_not_subscribed_cannot_be_settled() -> None:
-    conn = NdjsonConnection(CLIENT)
+    conn = ClientCodec()
     deliver(conn, 1, "elsewhere")  # parsed and returned as ever
     refused(conn, Ack(1), "no unsettled delivery")
 
 
 @pytest.mark.parametrize("event", [Credit("d", 5), Unsubscribe("d")], ids=["credit", "unsub"])
 def test_credit_and_unsub_need_a_subscription(event: Event) -> None:
-    conn = NdjsonConnection(CLIENT)
+    conn = ClientCodec()
     refused(conn, event, "not subscribed", "'d'")
     conn.send(Subscribe("other"))
     refused(conn, event, "not subscribed")
@@ -1524,7 +1529,7 @@ def test_a_server_that_delivers_beyond_the_window_breaks_the_protocol() -> None:
     conn.receive_data(b'{"op":"msg","tag":4,"dest":"d","body":"x"}\n')
     with pytest.raises(RemoteProtocolError, match="window"):
         conn.next_event()
-    assert conn.state is State.ERROR
+    assert conn.state is CodecState.ERROR
 
 
 def test_late_deliveries_after_unsub_count_on_a_new_subscription() -> None:
@@ -1558,7 +1563,7 @@ def test_a_settled_tag_may_be_delivered_again() -> None:
 
 
 def test_a_server_delivers_only_to_a_subscription() -> None:
-    conn = NdjsonConnection(SERVER)
+    conn = ServerCodec()
     for event in (Deliver(1, "d", b"x"), End("d")):
         refused(conn, event, "not subscribed", "'d'")
     receive_line(conn, {"op": "sub", "dest": "d"})
@@ -1583,7 +1588,7 @@ REQUESTS = {
 
 @pytest.mark.parametrize("request_line", REQUESTS.values(), ids=list(REQUESTS))
 def test_a_server_answers_only_what_awaits_an_answer(request_line: bytes) -> None:
-    conn = NdjsonConnection(SERVER)
+    conn = ServerCodec()
     refused(conn, Published(1, "delivered"), "no publish or call awaits")
     refused(conn, Replied(1), "no call awaits")
     conn.receive_data(request_line)
@@ -1597,7 +1602,7 @@ def test_a_server_answers_only_what_awaits_an_answer(request_line: bytes) -> Non
 
 def test_answers_are_counted_not_matched_by_id() -> None:
     """Ids may repeat or be null: two publishes with one id get two answers, any id."""
-    conn = NdjsonConnection(SERVER)
+    conn = ServerCodec()
     conn.receive_data(b'{"op":"pub","id":7,"body":"x"}\n{"op":"pub","id":7,"body":"y"}\n')
     drain(conn)
     conn.send(Published(None, "failed"))
@@ -1614,7 +1619,7 @@ def test_answers_are_counted_not_matched_by_id() -> None:
 def test_a_server_answering_each_request_once_in_any_order_is_never_refused(
     requests: list[str], order: Any, replies: list[bool]
 ) -> None:
-    conn = NdjsonConnection(SERVER)
+    conn = ServerCodec()
     for r in requests:
         conn.receive_data(REQUESTS[r])
     assert len(drain(conn)) == len(requests)
@@ -1760,7 +1765,7 @@ server_events: st.SearchStrategy[Event] = st.one_of(
     cuts=st.lists(st.integers(0, 10_000), max_size=6),
 )
 def test_client_to_server_round_trip(events: list[Event], cuts: list[int]) -> None:
-    sender = NdjsonConnection(CLIENT)
+    sender = ClientCodec()
     data = b"".join(allowing(sender, event).send(event) for event in events)
     assert data.count(b"\n") == len(events)
     assert parse_chunks(SERVER, split_at(data, cuts)) == [*events, ConnectionClosed()]
@@ -1777,7 +1782,7 @@ def test_server_to_client_round_trip(
 ) -> None:
     if error is not None:
         events = [*events, error]  # the last thing a server sends
-    sender = NdjsonConnection(SERVER)
+    sender = ServerCodec()
     data = b"".join(allowing(sender, event).send(event) for event in events)
     assert data.count(b"\n") == len(events)
     assert parse_chunks(CLIENT, split_at(data, cuts)) == [*events, ConnectionClosed()]
@@ -1922,7 +1927,7 @@ fuzz_inputs = st.one_of(
 def test_arbitrary_input_only_raises_remote_protocol_error(
     role: Role, data: bytes, cuts: list[int], max_line: int
 ) -> None:
-    conn = NdjsonConnection(role, max_line=max_line)
+    conn = CODECS[role](max_line=max_line)
     try:
         for chunk in split_at(data, cuts):
             conn.receive_data(chunk)
@@ -1930,9 +1935,9 @@ def test_arbitrary_input_only_raises_remote_protocol_error(
                 assert not isinstance(event, ConnectionClosed)
         conn.receive_data(b"")
         assert drain(conn) == [ConnectionClosed()]
-        assert conn.state is State.CLOSED
+        assert conn.state is CodecState.CLOSED
     except RemoteProtocolError:
-        assert conn.state is State.ERROR
+        assert conn.state is CodecState.ERROR
         with pytest.raises(LocalProtocolError):
             conn.next_event()
 
@@ -1942,7 +1947,7 @@ def test_arbitrary_input_only_raises_remote_protocol_error(
 @example(role=SERVER, data=b'{"op":"pub","body":"x","dest":"\\ud800"}\n')
 def test_whatever_parses_can_be_sent_again(role: Role, data: bytes) -> None:
     """An accepted event re-sent by the peer's role parses back to itself."""
-    conn = NdjsonConnection(role)
+    conn = CODECS[role]()
     conn.receive_data(data)
     conn.receive_data(b"")
     try:
@@ -1977,7 +1982,7 @@ def test_pending_bytes_never_exceed_max_line_unnoticed(
         prefix = prefix.replace(b"{}", b'{"op":"pong"}')
     else:
         prefix = prefix.replace(b"pong", b"ping")
-    conn = NdjsonConnection(role, max_line=max(max_line, len(prefix)))
+    conn = CODECS[role](max_line=max(max_line, len(prefix)))
     limit = conn.max_line
     if prefix:
         conn.receive_data(prefix)
@@ -1993,7 +1998,7 @@ def test_pending_bytes_never_exceed_max_line_unnoticed(
             # limit + one chunk was ever held.
             with pytest.raises(RemoteProtocolError):
                 conn.next_event()
-            assert conn.state is State.ERROR
+            assert conn.state is CodecState.ERROR
             return
     # Never crossed the limit: the unterminated line is only an error at EOF.
     conn.receive_data(b"")
@@ -2006,7 +2011,7 @@ def test_pending_bytes_never_exceed_max_line_unnoticed(
 
 
 def test_held_bytes_count_the_lines_parsed_but_not_dropped_yet() -> None:
-    conn = NdjsonConnection(SERVER)
+    conn = ServerCodec()
     line = b'{"op":"ping"}\n'
     conn.receive_data(line * 3 + b'{"op":"pi')
     conn.next_event()  # one line parsed: the buffer keeps it until half of it is parsed
