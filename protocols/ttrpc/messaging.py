@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -56,11 +56,13 @@ from google.protobuf.message import DecodeError
 
 from gateway.sdk import (
     Delivery,
-    EndOfStream,
+    Feed,
+    FeedStop,
     Filter,
     FilterError,
     HubFacade,
     Message,
+    NotACall,
     Outcome,
     Position,
     Receipt,
@@ -68,7 +70,9 @@ from gateway.sdk import (
     Source,
     StartAt,
     StopAt,
+    Subscriber,
     Subscription,
+    UnknownTag,
 )
 
 from . import messaging_pb2 as pb
@@ -204,39 +208,14 @@ class _Ending:
         if self.error is not None:
             raise self.error
 
+    def when_done(self, feed: Feed) -> None:
+        """End once the feed's pump stopped and the client settled what it was sent: OK
+        at the end of a finite read, UNAVAILABLE when the gateway drains or closes."""
+        if feed.done:
+            self.end(None if feed.stopped is FeedStop.END else _shutting_down())
 
-class _Consumer:
-    """One Consume stream's deliveries in flight and why its pump stopped."""
-
-    __slots__ = ("draining", "ended", "ending", "receiving", "sent", "stopped")
-
-    def __init__(self, ending: _Ending) -> None:
-        self.ending = ending
-        #: Deliveries sent and not settled yet: tag -> whether it is a call.
-        self.sent: dict[int, bool] = {}
-        #: The finite read reached its end.
-        self.ended = False
-        #: The gateway shuts down: no new deliveries.
-        self.draining = False
-        #: The pump takes no more deliveries (end of the read, or draining).
-        self.stopped = False
-        #: Cancelled to stop the pump while it waits for deliveries.
-        self.receiving = trio.CancelScope()
-
-    def take(self, tag: int, *, call: bool = False) -> None:
-        """The client settles ``tag``: it must be one sent and not settled (a call, for
-        a reply)."""
-        is_call = self.sent.get(tag)
-        if is_call is None:
-            raise _invalid(f"unknown or already settled delivery tag {tag}")
-        if call and not is_call:
-            raise _invalid(f"delivery {tag} is not a call: ack it instead")
-        del self.sent[tag]
-
-    def check_done(self) -> None:
-        """End the stream once the pump stopped and every delivery it sent was settled."""
-        if self.stopped and not self.sent:
-            self.ending.end(_shutting_down() if self.draining and not self.ended else None)
+    async def stopped(self, feed: Feed, why: FeedStop) -> None:
+        self.when_done(feed)
 
 
 class _Messaging:
@@ -331,24 +310,9 @@ class _Messaging:
                 ending = _Ending(nursery.cancel_scope)
                 if self.shutdown is not None:
                     nursery.start_soon(self._end_at_shutdown, ending)
-                nursery.start_soon(self._forward, sub, out, ending)
+                subscriber = Subscriber(nursery, ack="write")
+                subscriber.add(sub, self._sender(out), flush=out.flush, ended=ending.stopped)
         ending.check()
-
-    async def _forward(self, sub: Subscription, out: MessageStream, ending: _Ending) -> None:
-        while True:
-            try:
-                deliveries = await sub.receive()
-            except EndOfStream:
-                ending.end()
-                return
-            except trio.ClosedResourceError:
-                ending.end(_shutting_down())
-                return
-            now = trio.current_time()
-            for d in deliveries:
-                await out.send(self._delivery(d, now))
-            await out.flush()  # written to the socket, not just queued, before the ack
-            sub.ack_many([d.tag for d in deliveries])
 
     async def _end_at_shutdown(self, ending: _Ending) -> None:
         assert self.shutdown is not None
@@ -359,7 +323,10 @@ class _Messaging:
     async def consume(
         self, ctx: CallContext, messages: AsyncIterator[bytes], out: MessageStream
     ) -> None:
-        """Subscribe with the first message; then deliver within credit and settle by tag."""
+        """Subscribe with the first message; then deliver within credit and settle by tag.
+
+        Draining stops the pump; the stream ends once what it sent was settled.
+        """
         try:
             first = await anext(messages)
         except StopAsyncIteration:
@@ -372,90 +339,62 @@ class _Messaging:
         credit = request.credit if request.HasField("credit") else None
         with self._open(request.subscribe, credit=credit) as sub:
             async with trio.open_nursery() as nursery:
-                consumer = _Consumer(_Ending(nursery.cancel_scope))
+                ending = _Ending(nursery.cancel_scope)
+                subscriber = Subscriber(nursery)
+                feed = subscriber.add(sub, self._sender(out), ended=ending.stopped)
                 if self.shutdown is not None:
-                    nursery.start_soon(self._drain, consumer)
-                nursery.start_soon(self._pump, sub, out, consumer)
-                nursery.start_soon(self._settle_loop, messages, sub, consumer)
-        consumer.ending.check()
-
-    async def _pump(self, sub: Subscription, out: MessageStream, consumer: _Consumer) -> None:
-        """Send deliveries as credit and the window allow, until the read ends or we drain.
-
-        A batch received is sent whole: draining stops the pump only while it
-        waits, so every delivery the subscription handed out reaches the client
-        and can be settled by it.
-        """
-        while not consumer.draining:
-            with consumer.receiving:
-                try:
-                    deliveries = await sub.receive()
-                except EndOfStream:
-                    consumer.ended = True
-                    break
-                except trio.ClosedResourceError:
-                    consumer.ending.end(_shutting_down())
-                    return
-            if consumer.receiving.cancelled_caught:
-                break
-            consumer.receiving = trio.CancelScope()
-            now = trio.current_time()
-            for d in deliveries:
-                consumer.sent[d.tag] = d.reply_by is not None
-                await out.send(self._delivery(d, now))
-        consumer.stopped = True
-        consumer.check_done()
+                    nursery.start_soon(self._drain, subscriber)
+                nursery.start_soon(self._settle_loop, messages, subscriber, feed, ending)
+        ending.check()
 
     async def _settle_loop(
-        self, messages: AsyncIterator[bytes], sub: Subscription, consumer: _Consumer
+        self,
+        messages: AsyncIterator[bytes],
+        subscriber: Subscriber,
+        feed: Feed,
+        ending: _Ending,
     ) -> None:
         """Apply the client's acks, nacks, replies and grants until it half-closes."""
         try:
             async for data in messages:
-                self._settle(_decode(pb.ConsumeRequest, data), sub, consumer)
-                consumer.check_done()
+                self._settle(_decode(pb.ConsumeRequest, data), subscriber, feed)
+                ending.when_done(feed)
         except TtrpcError as e:
-            consumer.ending.end(e)
+            ending.end(e)
             return
         # The client sends nothing more: what it did not ack goes back to the group.
-        consumer.ending.end()
+        ending.end()
 
-    def _settle(self, request: Any, sub: Subscription, consumer: _Consumer) -> None:
+    def _settle(self, request: Any, subscriber: Subscriber, feed: Feed) -> None:
         if request.HasField("subscribe"):
             raise _invalid("a Consume stream subscribes once, with its first message")
-        if request.acks:
-            acked: list[int] = []
-            try:
-                for tag in request.acks:
-                    consumer.take(tag)
-                    acked.append(tag)
-            finally:
-                sub.ack_many(acked)
-        for nack in request.nacks:
-            consumer.take(nack.tag)
-            if nack.requeue:
-                sub.nack(nack.tag)
-            else:
-                reason = nack.reason or f"rejected by subscriber {self.source().peer}".rstrip()
-                sub.nack(nack.tag, requeue=False, outcome=Outcome.REJECTED, reason=reason)
-        for reply in request.replies:
-            if reply.code < 0:
-                raise _invalid(f"reply to {reply.tag}: a code is not negative, not {reply.code}")
-            consumer.take(reply.tag, call=True)
-            content_type = reply.content_type if reply.HasField("content_type") else None
-            headers = dict(reply.headers) if reply.headers else _NO_HEADERS
-            sub.reply(
-                reply.tag, Reply(reply.body, headers, content_type, reply.code, reply.message)
-            )
+        try:
+            if request.acks:
+                subscriber.ack_many(request.acks)
+            for nack in request.nacks:
+                if nack.requeue:
+                    subscriber.nack(nack.tag)
+                else:
+                    reason = nack.reason or f"rejected by subscriber {self.source().peer}".rstrip()
+                    subscriber.nack(
+                        nack.tag, requeue=False, outcome=Outcome.REJECTED, reason=reason
+                    )
+            for reply in request.replies:
+                if reply.code < 0:
+                    raise _invalid(
+                        f"reply to {reply.tag}: a code is not negative, not {reply.code}"
+                    )
+                subscriber.reply(reply.tag, _reply(reply))
+        except (UnknownTag, NotACall) as e:
+            raise _invalid(str(e)) from None
         if request.credit:
-            sub.grant(request.credit)
+            feed.sub.grant(request.credit)
 
-    async def _drain(self, consumer: _Consumer) -> None:
+    async def _drain(self, subscriber: Subscriber) -> None:
         """At shutdown: no new deliveries; the stream ends once those in flight settled."""
         assert self.shutdown is not None
         await self.shutdown.wait()
-        consumer.draining = True
-        consumer.receiving.cancel()
+        subscriber.drain()
 
     # -- shared -------------------------------------------------------------------------------
     def _refuse_while_draining(self) -> None:
@@ -505,10 +444,18 @@ class _Messaging:
         except ValueError as e:
             raise _invalid(f"cannot subscribe to {destination!r}: {e}") from None
 
-    def _delivery(self, d: Delivery, now: float) -> bytes:
-        """The Delivery message for ``d``, serialized."""
+    def _sender(self, out: MessageStream) -> Callable[[int, Delivery], Awaitable[None]]:
+        """Sends each delivery on ``out`` as a Delivery message, under the peer's tag."""
+
+        async def send(tag: int, d: Delivery) -> None:
+            await out.send(self._delivery(tag, d))
+
+        return send
+
+    def _delivery(self, tag: int, d: Delivery) -> bytes:
+        """The Delivery message for ``d`` as the client sees it (``tag``), serialized."""
         m = d.message
-        out = pb.Delivery(tag=d.tag, redelivered=d.redelivered)
+        out = pb.Delivery(tag=tag, redelivered=d.redelivered)
         message = out.message
         message.destination = m.destination
         message.body = m.body
@@ -524,7 +471,7 @@ class _Messaging:
             _source(out.source, m.source)
         if d.reply_by is not None:
             out.call = True
-            out.reply_within = max(0.0, d.reply_by - now)
+            out.reply_within = max(0.0, d.reply_by - trio.current_time())
         return bytes(out.SerializeToString())
 
 
@@ -559,6 +506,13 @@ def _call_failed(receipt: Receipt) -> TtrpcError:
     if receipt.reply_by is not None and trio.current_time() >= receipt.reply_by:
         return TtrpcError(Code.DEADLINE_EXCEEDED, reason)
     return TtrpcError(Code.UNAVAILABLE, reason)
+
+
+def _reply(reply: Any) -> Reply:
+    """A consumer's protobuf ``Reply`` as the hub's."""
+    content_type = reply.content_type if reply.HasField("content_type") else None
+    headers = dict(reply.headers) if reply.headers else _NO_HEADERS
+    return Reply(reply.body, headers, content_type, reply.code, reply.message)
 
 
 def _position(p: Any) -> Position:

@@ -29,8 +29,11 @@ import trio
 
 from gateway.sdk import (
     ConnectionInfo,
-    EndOfStream,
+    Delivery,
+    Feed,
+    FeedStop,
     Message,
+    NotACall,
     Option,
     Outcome,
     Position,
@@ -40,11 +43,13 @@ from gateway.sdk import (
     Reply,
     ServerConnection,
     Session,
+    Subscriber,
     Subscription,
+    UnknownTag,
     UpstreamContext,
 )
 
-from .codec import CLIENT, DEFAULT_MAX_LINE, SERVER, NdjsonConnection
+from .codec import DEFAULT_MAX_LINE, ClientCodec, ServerCodec
 from .events import (
     Ack,
     Call,
@@ -77,37 +82,27 @@ _STATUS = {Outcome.DELIVERED: "delivered", Outcome.FAILED: "failed", Outcome.REJ
 class _ServerSession(Session):
     """One accepted connection."""
 
-    codec: NdjsonConnection
+    codec: ServerCodec
+    subscriber: Subscriber
     #: Subscribers still ack (and reply to) what they were delivered while we drain.
     read_while_draining = True
 
     def __init__(self, conn: ServerConnection) -> None:
         super().__init__(
             conn.stream,
-            NdjsonConnection(SERVER, max_line=conn.options["max_line"]),
+            ServerCodec(max_line=conn.options["max_line"]),
             log=conn.log,
             shutdown=conn.shutdown,
             max_answers=conn.options["max_inflight"],
             ordered=False,
         )
         self.conn = conn
-        self.subs: dict[str, tuple[Subscription, trio.CancelScope]] = {}
-        #: Finite subscriptions that reached their end: kept open for acks until we close.
-        self.ended: list[Subscription] = []
-        #: Deliveries not settled yet: our tag -> (subscription, its tag).
-        self.tags: dict[int, tuple[Subscription, int]] = {}
-        self._next_tag = itertools.count(1)
-        conn.pending = self.pending
+        #: The subscriptions that still deliver, by destination (a finite read that
+        #: ended is gone from here, and stays in the subscriber for its acks).
+        self.feeds: dict[str, Feed] = {}
 
-    async def serve(self) -> None:
-        """Run until the client closes or breaks the protocol; release its subscriptions."""
-        try:
-            await super().serve()
-        finally:
-            for sub, _ in self.subs.values():
-                sub.close()
-            for sub in self.ended:
-                sub.close()
+    def started(self) -> None:
+        self.subscriber = Subscriber(self.nursery, progress=self.progress)
 
     # -- the Session hooks ---------------------------------------------------------
     async def handle(self, event: Event) -> None:
@@ -116,9 +111,7 @@ class _ServerSession(Session):
             message = self._message(event)
             await self._submit(event.id, lambda: hub.publish([message]), _published)
         elif isinstance(event, Ack):
-            sub, tag = self._delivery(event.tag)
-            sub.ack(tag)
-            self.progress()
+            self._settle(self.subscriber.ack, event.tag)
         elif isinstance(event, PublishMany):
             messages = [self._message(m) for m in event.messages]
             await self._submit(event.id, lambda: hub.publish(messages), _published_many)
@@ -126,33 +119,24 @@ class _ServerSession(Session):
             call = self._message(event)
             await self._submit(event.id, lambda: hub.call(call, event.timeout), _call_answer)
         elif isinstance(event, ReplyTo):
-            sub, tag = self._delivery(event.tag, keep=True)
             reply = Reply(event.body, event.headers, event.content_type, event.code, event.error)
             try:
-                sub.reply(tag, reply)
-            except ValueError as e:
+                self._settle(self.subscriber.reply, event.tag, reply)
+            except NotACall as e:
                 raise RemoteProtocolError(f"cannot reply to tag {event.tag}: {e}") from None
-            del self.tags[event.tag]
-            self.progress()
         elif isinstance(event, Nack):
-            sub, tag = self._delivery(event.tag)
             if event.requeue:
-                sub.nack(tag)
+                self._settle(self.subscriber.nack, event.tag)
             else:
                 reason = f"rejected by subscriber {self.conn.info.peer}"
-                sub.nack(tag, requeue=False, outcome=Outcome.REJECTED, reason=reason)
-            self.progress()
+                self._settle(self._reject, event.tag, reason)
         elif isinstance(event, Subscribe):
             self._subscribe(event)
         elif isinstance(event, Credit):
-            self._sub(event.destination).grant(event.n)
+            self._feed(event.destination).sub.grant(event.n)
         elif isinstance(event, Unsubscribe):
-            sub = self._sub(event.destination)
-            _, scope = self.subs.pop(event.destination)
-            scope.cancel()
-            sub.close()
-            self.tags = {t: v for t, v in self.tags.items() if v[0] is not sub}
-            self.progress()
+            self._feed(event.destination).close()
+            del self.feeds[event.destination]
         elif isinstance(event, Ping):
             self.write(self.codec.send(Pong()))
 
@@ -160,18 +144,7 @@ class _ServerSession(Session):
         # A ping is answered but keeps no otherwise idle connection open.
         return not isinstance(event, Ping)
 
-    def draining(self) -> None:
-        """No new deliveries; publishes are answered ``failed`` (see :meth:`_submit`)."""
-        self._stop_pumps()
-
-    def busy(self) -> bool:
-        return bool(self.tags)
-
-    def pending(self) -> bool:
-        return super().pending() or bool(self.subs)
-
     def error_reply(self, error: RemoteProtocolError) -> bytes:
-        self._stop_pumps()  # nothing follows the error line
         return self.codec.send(Error(str(error)))
 
     # -- publishes and calls ---------------------------------------------------------
@@ -202,7 +175,7 @@ class _ServerSession(Session):
     def _subscribe(self, event: Subscribe) -> None:
         if self.conn.shutdown.is_set():
             raise RemoteProtocolError("the gateway is shutting down")
-        if event.destination in self.subs:
+        if event.destination in self.feeds:
             raise RemoteProtocolError(f"already subscribed to {event.destination!r}")
         try:
             sub = self.conn.hub.subscribe(
@@ -216,72 +189,53 @@ class _ServerSession(Session):
             )
         except (ValueError, LookupError) as e:
             raise RemoteProtocolError(f"cannot subscribe to {event.destination!r}: {e}") from None
-        scope = trio.CancelScope()
-        self.subs[event.destination] = (sub, scope)
-        self.nursery.start_soon(self._pump, sub, scope)
+        self.feeds[event.destination] = self.subscriber.add(sub, self._deliver, ended=self._ended)
 
-    async def _pump(self, sub: Subscription, scope: trio.CancelScope) -> None:
-        """Write the deliveries of ``sub`` as ``msg`` lines, then ``end`` if it ends.
+    async def _deliver(self, tag: int, d: Delivery) -> None:
+        """One delivery as a ``msg`` line, under our ``tag`` for it."""
+        m, reply_by = d.message, d.reply_by
+        line = self.codec.send(
+            Deliver(
+                tag,
+                m.destination,
+                m.body,
+                m.headers,
+                m.content_type,
+                d.redelivered,
+                position=None if d.position is None else d.position.offset,
+                call=reply_by is not None,
+                reply_within=(
+                    None if reply_by is None else round(max(0.0, reply_by - trio.current_time()), 3)
+                ),
+            )
+        )
+        await self.write_when_room(line)
 
-        Stopped by cancelling ``scope`` (unsub, drain, error); it checks before each
-        line, since a write that did not wait for room is no checkpoint.
-        """
-        codec = self.codec
-        with scope:
-            while True:
-                try:
-                    deliveries = await sub.receive()
-                except trio.ClosedResourceError:
-                    if scope.cancel_called:  # unsub closed it as this task was woken
-                        return
-                    raise
-                except EndOfStream:
-                    if scope.cancel_called:
-                        return
-                    # Finite read done: say so, and keep the subscription for its acks.
-                    del self.subs[sub.destination]
-                    self.ended.append(sub)
-                    await self.write_when_room(codec.send(End(sub.destination)))
-                    return
-                now = trio.current_time()
-                for d in deliveries:
-                    if scope.cancel_called:
-                        return
-                    tag = next(self._next_tag)
-                    self.tags[tag] = (sub, d.tag)
-                    m, reply_by = d.message, d.reply_by
-                    line = codec.send(
-                        Deliver(
-                            tag,
-                            m.destination,
-                            m.body,
-                            m.headers,
-                            m.content_type,
-                            d.redelivered,
-                            position=None if d.position is None else d.position.offset,
-                            call=reply_by is not None,
-                            reply_within=(
-                                None if reply_by is None else round(max(0.0, reply_by - now), 3)
-                            ),
-                        )
-                    )
-                    await self.write_when_room(line)
+    async def _ended(self, feed: Feed, why: FeedStop) -> None:
+        """A finite read is done: say so with an ``end`` line (its deliveries are still
+        settled as usual)."""
+        destination = feed.sub.destination
+        if why is FeedStop.END:
+            if self.feeds.get(destination) is feed:
+                del self.feeds[destination]
+            await self.write_when_room(self.codec.send(End(destination)))
+        elif why is FeedStop.CLOSED:
+            raise trio.ClosedResourceError(f"subscription to {destination!r} closed")
 
-    def _stop_pumps(self) -> None:
-        for _, scope in self.subs.values():
-            scope.cancel()
+    def _reject(self, tag: int, reason: str) -> None:
+        self.subscriber.nack(tag, requeue=False, outcome=Outcome.REJECTED, reason=reason)
 
-    def _sub(self, destination: str) -> Subscription:
+    def _settle(self, settle: Callable[..., None], tag: int, *args: Any) -> None:
         try:
-            return self.subs[destination][0]
+            settle(tag, *args)
+        except UnknownTag:
+            raise RemoteProtocolError(f"unknown delivery tag {tag}") from None
+
+    def _feed(self, destination: str) -> Feed:
+        try:
+            return self.feeds[destination]
         except KeyError:
             raise RemoteProtocolError(f"not subscribed to {destination!r}") from None
-
-    def _delivery(self, tag: int, *, keep: bool = False) -> tuple[Subscription, int]:
-        try:
-            return self.tags[tag] if keep else self.tags.pop(tag)
-        except KeyError:
-            raise RemoteProtocolError(f"unknown delivery tag {tag}") from None
 
 
 def _published(ident: Any, receipt: Receipt) -> Event:
@@ -316,14 +270,14 @@ def _offsets(positions: Mapping[str, Position]) -> dict[str, int] | None:
 class _ClientSession(Session):
     """One connection of an upstream: publish deliveries, ack them on the server's ack."""
 
-    codec: NdjsonConnection
+    codec: ClientCodec
 
     def __init__(self, ctx: UpstreamContext, stream: trio.abc.Stream, sub: Subscription) -> None:
         options = ctx.options
         self.timeout: float = options["timeout"]
         super().__init__(
             stream,
-            NdjsonConnection(CLIENT, max_line=options["max_line"]),
+            ClientCodec(max_line=options["max_line"]),
             log=ctx.log,
             write_timeout=self.timeout,
         )
