@@ -134,9 +134,6 @@ class LumberjackPlugin(ProtocolPlugin):
             shutdown=conn.shutdown,
             metrics=server_metrics(conn.metrics, conn.listener.name),
         )
-        # Pending until each ack is on the wire, not merely owed: the idle
-        # watchdog must never close a connection between the two.
-        conn.pending = session.pending
         await session.serve()
 
     async def run_upstream(self, ctx: UpstreamContext) -> None:

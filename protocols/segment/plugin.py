@@ -157,7 +157,6 @@ class SegmentPlugin(ProtocolPlugin):
             shutdown=conn.shutdown,
             metrics=server_metrics(conn.metrics, conn.listener.name),
         )
-        conn.pending = session.pending
         await session.serve()
 
     async def run_upstream(self, ctx: UpstreamContext) -> None:

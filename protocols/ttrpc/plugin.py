@@ -182,7 +182,6 @@ class TtrpcPlugin(ProtocolPlugin):
             log=conn.log,
             shutdown=conn.shutdown,
         )
-        conn.pending = session.pending
         await session.serve()
 
     async def run_upstream(self, ctx: UpstreamContext) -> None:
