@@ -17,6 +17,7 @@ import trio.testing
 from harness import host_port, running_gateway
 from interchange_ndjson.client import NdjsonClient
 from toy_transport import CLIENT_HELLO, ToyStream, ToyTransport, toy_registered
+from waits import subscribed
 
 import gateway.cli
 import gateway.config.loader
@@ -212,6 +213,7 @@ async def test_upstream_over_the_toy_transport_acks_end_to_end(registry: Registr
         async with running_gateway(config_a, registry=registry) as a:
             sub = await toy_client(b_addr)
             await sub.subscribe("logs")
+            await subscribed(b, "logs")
             pub = await NdjsonClient.connect(*host_port(a.addresses["nd"][0]))
             idents = await pub.publish_nowait([b"one", b"two"], "logs")
             got = [await sub.receive() for _ in idents]
@@ -297,7 +299,7 @@ def check(tmp_path: Path, toml: str, monkeypatch: pytest.MonkeyPatch, registry: 
     """Run ``gateway check`` in-process with ``registry`` as the installed plugins."""
     path = tmp_path / "gateway.toml"
     path.write_text(textwrap.dedent(toml))
-    monkeypatch.setattr(gateway.config, "default_registry", lambda: registry)
+    monkeypatch.setattr(gateway.config.loader, "default_registry", lambda: registry)
     return gateway.cli.main(["check", str(path)])
 
 

@@ -21,19 +21,16 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import trio
 
-from gateway.store.chunk import Chunk
+from gateway.store.chunk import Chunk, FileCache
 from gateway.store.layout import ZERO_UUID, chunk_paths, crc32, pack_entry
 from gateway.store.records import EVENT_HEADER, RecordFormat, count_events, event_offsets
-from gateway.store.space import is_full
+from gateway.store.space import DiskSpace, is_full
 
-if TYPE_CHECKING:
-    from gateway.store.store import Store
-
-__all__ = ["Appended", "Segment", "SegmentDamaged", "SegmentTruncated"]
+__all__ = ["Appended", "Segment", "SegmentDamaged", "SegmentHost", "SegmentTruncated"]
 
 log = logging.getLogger("gateway.store")
 
@@ -53,6 +50,26 @@ class Appended:
     first_event: int
     #: Events appended.
     count: int
+
+
+class SegmentHost(Protocol):
+    """What a segment needs of the store that holds it (the store is one).
+
+    Named here so that a segment does not import the store, which imports it.
+    """
+
+    chunk_bytes: int
+    retain_bytes: int | None
+    retain_age: float | None
+    files: FileCache
+    space: DiskSpace
+    record_cache: Any
+
+    def now_us(self) -> int: ...
+    def create_files(self, segment: Segment, chunk: Chunk) -> None: ...
+    def written(self, segment: Segment, chunk: Chunk) -> None: ...
+    def wants_commit(self, segment: Segment) -> None: ...
+    def cache_record(self, key: Any, value: Any, size: int) -> None: ...
 
 
 class SegmentTruncated(Exception):
@@ -88,7 +105,7 @@ class Segment:
 
     def __init__(
         self,
-        store: Store,
+        store: SegmentHost,
         name: str,
         directory: Path,
         chunks: list[Chunk],
