@@ -10,8 +10,11 @@ All on trio's MockClock: nothing here waits in real time.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,12 +25,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.core.destination import Delivery, Destination, EndOfStream, Subscription
+from gateway.core.facade import HubFacade
 from gateway.core.hub import Hub
 from gateway.core.memory_log import MemoryLog
 from gateway.core.model import Message, Outcome, Reply
 from gateway.core.receipts import Receipt
 from gateway.durable.partitioned import PartitionedLog
-from gateway.protocol.events import NEED_DATA
+from gateway.protocol.events import NEED_DATA, ConnectionClosed
+from gateway.protocol.plugin import ConnectionInfo, ListenerSettings, ServerConnection
 from gateway.protocol.session import Session
 from gateway.protocol.tags import TagTable
 from gateway.sdk import (
@@ -623,3 +628,87 @@ async def test_a_session_counts_its_subscriber_and_closes_it(hub: Hub) -> None:
     other = hub.subscribe("t", "g")
     assert [(d.message.body, d.redelivered) for d in other.take()] == [(b"m1", True)]
     assert settled(receipts) == [True, False]
+
+
+# -- the example in docs/plugins.md ---------------------------------------------------------------
+
+PLUGINS_MD = Path(__file__).resolve().parent.parent / "docs" / "plugins.md"
+
+
+def documented_example() -> str:
+    """The Python block of plugins.md's section on the subscriber toolkit."""
+    text = PLUGINS_MD.read_text(encoding="utf-8")
+    section = text.split("### Delivering to subscribers", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 1
+    return str(blocks[0])
+
+
+@dataclass(frozen=True)
+class Line:
+    data: bytes
+
+
+class LineCodec:
+    """Each line an event with its bytes in ``data``, as the example says."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.eof = False
+
+    @property
+    def held_bytes(self) -> int:
+        return len(self.buf)
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        if data:
+            self.buf += data
+        else:
+            self.eof = True
+
+    def next_event(self) -> Any:
+        i = self.buf.find(b"\n")
+        if i < 0:
+            return ConnectionClosed() if self.eof else NEED_DATA
+        line = bytes(self.buf[:i])
+        del self.buf[: i + 1]
+        return Line(line)
+
+
+async def read_lines(stream: trio.abc.Stream, n: int) -> list[bytes]:
+    data = b""
+    while data.count(b"\n") < n:
+        data += await stream.receive_some()
+    return data.splitlines()
+
+
+def test_the_docs_no_longer_wire_conn_pending() -> None:
+    assert "conn.pending" not in PLUGINS_MD.read_text(encoding="utf-8")
+
+
+async def test_the_documented_subscriber_session_runs(hub: Hub, nursery: trio.Nursery) -> None:
+    namespace: dict[str, Any] = {"LineCodec": LineCodec}
+    exec(compile(documented_example(), str(PLUGINS_MD), "exec"), namespace)
+    near, far = trio.testing.memory_stream_pair()
+    listener = ListenerSettings("l", "line", "127.0.0.1:0", "d", options={})
+    info = ConnectionInfo("line", "l", "peer")
+    conn = ServerConnection(far, info, listener, HubFacade(hub), trio.Event())
+    session = namespace["SubscriberSession"](conn)
+    done = trio.Event()
+
+    async def serve() -> None:
+        await session.serve()
+        done.set()
+
+    nursery.start_soon(serve)
+    await near.send_all(b"sub jobs\n")
+    await settle()
+    receipts = await publish_each(hub, "jobs", 3)
+    assert await read_lines(near, 3) == [b"msg 1 m0", b"msg 2 m1", b"msg 3 m2"]
+    await near.send_all(b"ack 2\n")
+    await settle()
+    assert settled(receipts) == [True, True, False]
+    assert session.pending()  # its subscription is open
+    await near.send_all(b"ack 3\nack 9\n")  # 9 was never sent: a protocol error
+    await done.wait()
+    assert all(settled(receipts))

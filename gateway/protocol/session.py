@@ -40,7 +40,13 @@ do with each event (:meth:`Session.handle`); the skeleton does the rest once:
   :attr:`read_while_draining`, and returns once nothing is owed; when the peer
   breaks the protocol the protocol's error reply (:meth:`error_reply`) is
   flushed and the error raised, with nothing more answered;
-* :meth:`pending` says whether work is outstanding, for the idle timeout.
+* **subscriptions**: a protocol that delivers to its peer gives the session a
+  :class:`~.subscriber.Subscriber` (:attr:`Session.subscriber`); its unsettled
+  deliveries are work a drain waits for, its pumps stop when the gateway
+  drains or the peer breaks the protocol, and it is closed (unacked
+  deliveries back to the hub) when :meth:`run` ends;
+* :meth:`pending` says whether work is outstanding, for the idle timeout (the
+  session hands it to the runtime's guard: a protocol wires nothing).
 
 Errors leave :meth:`run` (inside an ``ExceptionGroup``): ``RemoteProtocolError``,
 ``trio.TooSlowError`` for a deadline, the stream's own errors. The caller
