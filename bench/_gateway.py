@@ -31,7 +31,7 @@ __all__ = ["RunningGateway", "run_gateway", "to_toml"]
 START_TIMEOUT = 30.0
 #: How long it may take to drain and exit after SIGTERM before it is killed.
 STOP_TIMEOUT = 15.0
-_SERVING = re.compile(r"gateway\.runtime: serving: (.*)$")
+_SERVING = re.compile(r"gateway\.runtime[\w.]*: serving: (.*)$")
 _LISTENER = re.compile(r"(\S+) \((\S+)\) on (.+)")
 
 

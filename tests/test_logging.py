@@ -157,7 +157,7 @@ def test_gateway_run_logs_json_lines(tmp_path: Path) -> None:
                 break
         serving = records[-1]
         assert serving["level"] == "INFO"
-        assert serving["logger"] == "gateway.runtime.gateway"
+        assert serving["logger"] == "gateway.runtime"
         assert serving["message"].startswith("serving: nd (ndjson) on 127.0.0.1:")
     finally:
         proc.send_signal(signal.SIGINT)

@@ -521,7 +521,7 @@ def refused_metrics(gw: Gateway) -> float | None:
 async def test_connections_beyond_max_connections_get_503_and_are_closed(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="gateway.ops.metrics")
+    caplog.set_level(logging.WARNING, logger="gateway.metrics")
     config = metrics_config(metrics={"bind": "127.0.0.1:0", "max_connections": 2})
     async with running_gateway(config) as gw:
         address = gw.metrics_addresses[0]
@@ -538,7 +538,7 @@ async def test_connections_beyond_max_connections_get_503_and_are_closed(
                 assert b"\r\nconnection: close" in head.lower()
                 assert b"interchange_" not in body
             assert refused_metrics(gw) == 3
-            warnings = [r for r in caplog.records if r.name == "gateway.ops.metrics"]
+            warnings = [r for r in caplog.records if r.name == "gateway.metrics"]
             assert len(warnings) == 1, [r.getMessage() for r in warnings]  # rate-limited
             assert "max_connections" in warnings[0].getMessage()
             assert warnings[0].exc_info is None

@@ -338,7 +338,7 @@ async def test_a_failing_teardown_is_logged_and_the_others_still_run(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     LOG.clear()
-    with caplog.at_level(logging.ERROR, logger="gateway.runtime.gateway"):
+    with caplog.at_level(logging.ERROR, logger="gateway.runtime"):
         async with running_gateway(two_listeners(), registry=registered(Recorder, FailingTeardown)):
             pass
     assert "teardown alpha" in LOG

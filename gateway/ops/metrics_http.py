@@ -19,7 +19,7 @@ from gateway.ops.metrics import Metrics
 
 __all__ = ["route", "serve_metrics"]
 
-log = logging.getLogger("gateway.ops.metrics")
+log = logging.getLogger("gateway.metrics")
 
 PATH = "/metrics"
 #: Listener name in the metrics' ``listener`` label and in log lines.

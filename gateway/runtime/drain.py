@@ -23,7 +23,7 @@ from gateway.runtime.state import ListenerState, Shared
 
 __all__ = ["drain", "retire"]
 
-log = logging.getLogger("gateway.runtime.gateway")
+log = logging.getLogger("gateway.runtime")
 
 
 async def drain(listeners: Collection[ListenerState], shared: Shared, deadline: float) -> int:

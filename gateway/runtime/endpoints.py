@@ -20,7 +20,7 @@ from gateway.runtime.registry import Registry
 
 __all__ = ["serve_admin_endpoint", "serve_metrics_endpoint"]
 
-log = logging.getLogger("gateway.runtime.gateway")
+log = logging.getLogger("gateway.runtime")
 
 
 async def listen_plain(

@@ -78,7 +78,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Gateway"]
 
-log = logging.getLogger("gateway.runtime.gateway")
+log = logging.getLogger("gateway.runtime")
 
 
 class Gateway:
@@ -260,7 +260,7 @@ class Gateway:
                 data_dir=self.config.gateway.data_dir,
                 store=self.store,
                 log=PrefixLogger(
-                    logging.getLogger(f"gateway.protocol.plugin.{name}"), f"plugin {name}"
+                    logging.getLogger(f"gateway.plugin.{name}"), f"plugin {name}"
                 ),
             )
 

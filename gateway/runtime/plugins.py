@@ -19,7 +19,7 @@ from gateway.protocol.plugin import PluginEnv, PluginError, ProtocolPlugin
 
 __all__ = ["set_up", "tear_down"]
 
-log = logging.getLogger("gateway.runtime.gateway")
+log = logging.getLogger("gateway.runtime")
 
 
 async def set_up(
