@@ -101,6 +101,7 @@ async def test_a_publish_into_a_log_is_answered_with_its_position() -> None:
 async def test_a_call_is_answered_by_a_reply_from_another_connection() -> None:
     async with running_gateway(config()) as gw, client(gw) as service, client(gw) as caller:
         await service.subscribe("echo", "echo-service")
+        await subscribed(gw, "echo")
         async with trio.open_nursery() as nursery:
 
             async def serve() -> None:
@@ -142,6 +143,7 @@ async def test_a_reply_code_ndjson_cannot_carry_reaches_the_caller_as_unknown() 
 async def test_a_call_nobody_answers_in_time_fails_with_the_reason() -> None:
     async with running_gateway(config()) as gw, client(gw) as service, client(gw) as caller:
         await service.subscribe("slow", "workers")
+        await subscribed(gw, "slow")
         with trio.fail_after(5):
             answer = await caller.call(b"x", "slow", timeout=0.2)
         assert isinstance(answer, Published)

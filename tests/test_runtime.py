@@ -37,6 +37,7 @@ async def test_publish_is_acked_only_after_the_subscriber_acks() -> None:
     async with running_gateway({"listeners": [ndjson_listener()]}) as gw:
         sub = await client_for(gw)
         await sub.subscribe("logs")
+        await subscribed(gw, "logs")
         pub = await client_for(gw)
         [ident] = await pub.publish_nowait([b"hello"])
         delivery = await sub.receive()
@@ -94,6 +95,7 @@ async def test_relay_through_an_upstream_acks_end_to_end() -> None:
         async with running_gateway(config_a) as a:
             sub = await client_for(b)
             await sub.subscribe("logs")
+            await subscribed(b, "logs")
             pub = await client_for(a)
             [ident] = await pub.publish_nowait([b"relayed"], "logs", headers={"k": "v"})
             d = await sub.receive()
@@ -178,6 +180,7 @@ async def test_upstream_resends_unacked_after_reconnect() -> None:
         async with running_gateway(config_a) as a:
             sub = await client_for(b)
             await sub.subscribe("logs")
+            await subscribed(b, "logs")
             pub = await client_for(a)
             [ident] = await pub.publish_nowait([b"again"], "logs")
             first = await sub.receive()
