@@ -6,7 +6,9 @@ every event before that was returned. Errors are
 :class:`~gateway.core.errors.RemoteProtocolError` (the peer broke the protocol) and
 :class:`~gateway.core.errors.LocalProtocolError` (we asked the codec for something
 its state does not allow). One shared vocabulary lets one driver run every
-protocol.
+protocol; :mod:`gateway.protocol.lifecycle` gives every codec the same answers
+with it (``ConnectionClosed`` every time once closed, a refusal naming the
+state once in error).
 """
 
 from __future__ import annotations

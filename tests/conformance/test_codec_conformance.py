@@ -10,6 +10,9 @@ in one of the ``*_cases.py`` modules beside this one and listing it here.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import lumberjack_cases
 import ndjson_cases
 import pytest
@@ -32,6 +35,26 @@ CASES: list[CodecCase] = [
 def test_the_registry_names_each_codec_once() -> None:
     names = [case.name for case in CASES]
     assert len(names) == len(set(names))
+
+
+#: Every protocol's codec module, and the suite itself: none may import an I/O library.
+CODEC_MODULES = [
+    "protocols.lumberjack.codec",
+    "protocols.segment.codec",
+    "protocols.ttrpc.codec",
+    "interchange_ndjson.codec",
+    "protocols._template.codec",
+    "gateway.protocol.conformance",
+]
+
+
+@pytest.mark.parametrize("module", CODEC_MODULES)
+def test_a_codec_imports_no_io_library(module: str) -> None:
+    code = (
+        f"import sys, {module}; print(sorted({{'trio', 'socket', 'asyncio'}} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda check: check.__name__)
