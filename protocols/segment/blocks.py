@@ -96,12 +96,8 @@ class BlockWriter:
         and consecutive events that are not smaller share one unbatched block.
         A batched block may stay open after the call.
         """
-        self._check(payloads, block_size)
-        out: list[bytes] = []
+        out = self._begin(writer_id, payloads, block_size, request_id)
         put = out.append
-        if self._writer is not None and self._writer != writer_id:
-            put(self.close())
-        self._request_id = request_id
         header = HEADER.pack
         # The open batched block, in locals for the loop (written back at the end).
         is_open = self._writer is not None
@@ -116,9 +112,7 @@ class BlockWriter:
                 if left > size:
                     put(header(0, length))
                     put(payload)
-                    left -= size
-                    count += 1
-                    last = number
+                    left, count, last = left - size, count + 1, number
                     continue
                 # The event does not fit (or fits exactly): a partial event fills the block.
                 out += self._fill(writer_id, left, count + 1, number, header(0, length) + payload)
@@ -135,8 +129,11 @@ class BlockWriter:
         self._left, self._count, self._last = left, count, last
         return b"".join(out)
 
-    def _check(self, payloads: Sequence[bytes], block_size: int) -> None:
-        """Refuse a block size or an event this writer cannot send."""
+    def _begin(
+        self, writer_id: UUID, payloads: Sequence[bytes], block_size: int, request_id: int
+    ) -> list[bytes]:
+        """Refuse a block size or an event this writer cannot send; else the output so
+        far: another writer's open block, closed."""
         if not 0 <= block_size <= self.max_command - _WRITER - 8:
             raise LocalProtocolError(
                 f"block size {block_size} outside 0..{self.max_command - _WRITER - 8}"
@@ -146,6 +143,9 @@ class BlockWriter:
                 raise LocalProtocolError(
                     f"event of {len(payload)} bytes exceeds {MAX_EVENT_PAYLOAD} bytes"
                 )
+        out = [self.close()] if self._writer is not None and self._writer != writer_id else []
+        self._request_id = request_id  # (after: the block closed is another append's)
+        return out
 
     def _start(self, writer_id: UUID, block_size: int, payload: bytes) -> tuple[bytes, ...]:
         """A batched block of ``block_size`` opens with its first event."""
