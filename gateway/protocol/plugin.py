@@ -36,6 +36,7 @@ from gateway.core.model import PeerIdentity, Source
 from gateway.core.routing import UPSTREAM_PREFIX
 from gateway.ops.loglines import TEMPLATE
 from gateway.ops.metrics import Metrics
+from gateway.protocol.guard import guard_of
 from gateway.protocol.options import Option
 
 if TYPE_CHECKING:
@@ -201,7 +202,9 @@ class ServerConnection:
             f"{listener.name} {info.peer}",
         )
         #: Asked by the idle watchdog: True while the protocol has work pending
-        #: (unacked publishes, open subscriptions), so the connection is kept.
+        #: (unacked publishes, open subscriptions), so the connection is kept. A
+        #: :class:`~gateway.protocol.Session` reports its own through the stream's
+        #: guard: set this only when driving the stream by hand.
         self.pending: Callable[[], bool] = _never
         self.last_activity = trio.current_time()
         self._upstreams = upstreams or {}
@@ -247,8 +250,12 @@ class ServerConnection:
 
     @property
     def busy(self) -> bool:
-        """Whether the protocol has work pending (see :attr:`pending`)."""
-        return self.pending()
+        """Whether the protocol has work pending: what its session reports, or
+        :attr:`pending`."""
+        if self.pending():
+            return True
+        guard = guard_of(self.stream)
+        return guard is not None and guard.pending()
 
 
 #: What ends one upstream connection but not the upstream.
