@@ -567,6 +567,30 @@ async def test_take_and_watch(hub: Hub, nursery: trio.Nursery, name: str) -> Non
         sub.take()
 
 
+class Tally:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def inc(self, amount: float = 1) -> None:
+        self.n += int(amount)
+
+
+@pytest.mark.parametrize("name", ["t", "log", "plog"], ids=["topic", "log", "partitioned"])
+async def test_a_counting_facade_counts_each_delivery_once(hub: Hub, name: str) -> None:
+    """A listener's facade counts what its subscriptions hand out, by receive or take."""
+    sent = Tally()
+    facade = HubFacade(hub, sent=sent)
+    sub = facade.subscribe(name, "g")
+    await publish_each(hub, name, 4)
+    assert len(sub.take(1)) == 1
+    assert len(await sub.receive(1)) == 1
+    peer = Peer()
+    async with subscriber() as s:
+        s.add(sub, peer.send)
+        await settle()
+    assert (len(peer.got), sent.n) == (2, 4)
+
+
 async def test_take_ends_a_finite_read(hub: Hub) -> None:
     await publish_each(hub, "log", 1)
     sub = hub.subscribe("log", start="earliest", end="latest")

@@ -102,15 +102,25 @@ def _counting_subscribe(hub: Hub, sent: Count) -> Any:
     ) -> Subscription:
         sub = subscribe(destination, group, **kwargs)
         receive = sub.receive
+        take = sub.take
 
         async def counted_receive(max_count: int | None = None) -> list[Delivery]:
             deliveries = await receive(max_count)
             sent.inc(len(deliveries))
             return deliveries
 
-        # Only ``receive`` is wrapped (once per batch): acks stay the subscription's own.
+        def counted_take(max_count: int | None = None) -> list[Delivery]:
+            deliveries = take(max_count)
+            if deliveries:
+                sent.inc(len(deliveries))
+            return deliveries
+
+        # Only ``receive`` and ``take`` are wrapped (once per batch): acks stay the
+        # subscription's own. (A ``receive`` that takes through ``take`` calls its
+        # class's, not this wrapper: nothing is counted twice.)
         try:
             sub.receive = counted_receive  # type: ignore[method-assign]
+            sub.take = counted_take  # type: ignore[method-assign]
         except AttributeError:  # a subscription class with __slots__: left uncounted
             pass
         return sub

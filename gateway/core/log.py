@@ -776,8 +776,9 @@ class LogSubscription(Subscription):
 
     async def receive(self, max_count: int | None = None) -> list[Delivery]:
         waiters = self._group.waiters
+        take = LogSubscription.take  # not the instance's, which a counting facade may wrap
         while True:
-            out = self.take(max_count)
+            out = take(self, max_count)
             if out:
                 return out
             await waiters.park()

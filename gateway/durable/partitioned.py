@@ -362,8 +362,9 @@ class PartitionedSubscription(Subscription):
                 lot.unpark_all()
 
     async def receive(self, max_count: int | None = None) -> list[Delivery]:
+        take = PartitionedSubscription.take  # not the instance's, which a counting facade may wrap
         while True:
-            out = self.take(max_count)
+            out = take(self, max_count)
             if out:
                 return out
             await self._lot.park()
