@@ -252,7 +252,7 @@ def test_a_budget_outside_trio_releases_without_trimming() -> None:
 def test_a_receive_buffer_says_what_it_really_holds() -> None:
     """Parsed bytes stay until they are half the buffer: what it holds is up to twice
     what is left to parse, and that is what a codec charges."""
-    from gateway.protocol import ReceiveBuffer
+    from gateway.sdk import ReceiveBuffer
 
     buf = ReceiveBuffer()
     assert buf.allocated == 0

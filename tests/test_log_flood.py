@@ -20,7 +20,7 @@ from harness import host_port, running_gateway
 
 from gateway.ops.loglines import MAX_MESSAGE
 from gateway.ops.logsetup import setup_logging
-from gateway.protocol import NEED_DATA, ConnectionClosed
+from gateway.sdk import NEED_DATA, ConnectionClosed
 from protocols.segment.codec import ClientCodec
 from protocols.segment.events import Hello, SetupAppend
 

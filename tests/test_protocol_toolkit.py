@@ -29,9 +29,9 @@ from hypothesis import strategies as st
 
 from gateway.core.model import Outcome
 from gateway.core.receipts import Receipt
-from gateway.protocol import (
+from gateway.protocol.answers import Answers
+from gateway.sdk import (
     NEED_DATA,
-    Answers,
     ConnectionClosed,
     LocalProtocolError,
     NotKept,

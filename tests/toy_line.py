@@ -30,14 +30,6 @@ import trio
 
 from gateway.core.model import Message, Outcome
 from gateway.core.receipts import Receipt
-from gateway.protocol import (
-    NEED_DATA,
-    ConnectionClosed,
-    NeedData,
-    ReceiveBuffer,
-    RemoteProtocolError,
-    Session,
-)
 from gateway.protocol.options import REQUIRED, Option
 from gateway.protocol.plugin import (
     ConnectionInfo,
@@ -47,6 +39,14 @@ from gateway.protocol.plugin import (
     ServerConnection,
     Upstream,
     UpstreamContext,
+)
+from gateway.sdk import (
+    NEED_DATA,
+    ConnectionClosed,
+    NeedData,
+    ReceiveBuffer,
+    RemoteProtocolError,
+    Session,
 )
 
 MAX_LINE = 65536

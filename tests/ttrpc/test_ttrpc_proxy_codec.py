@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core.errors import LocalProtocolError
-from gateway.protocol import NEED_DATA
+from gateway.sdk import NEED_DATA
 from protocols.ttrpc import (
     MAX_DATA,
     Code,

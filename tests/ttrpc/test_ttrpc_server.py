@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from gateway.protocol import NEED_DATA
+from gateway.sdk import NEED_DATA
 from protocols.ttrpc import Code, Status, TtrpcError
 from protocols.ttrpc import status as statuses
 from protocols.ttrpc.codec import CallKind, ClientCodec

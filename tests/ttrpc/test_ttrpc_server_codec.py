@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.core.errors import LocalProtocolError
-from gateway.protocol import NEED_DATA, ConnectionClosed
+from gateway.sdk import NEED_DATA, ConnectionClosed
 from protocols.ttrpc import (
     Code,
     Flags,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.core.errors import LocalProtocolError
-from gateway.protocol import NEED_DATA, ConnectionClosed
+from gateway.sdk import NEED_DATA, ConnectionClosed
 from protocols.ttrpc import (
     MAX_DATA,
     Code,

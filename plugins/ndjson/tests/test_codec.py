@@ -47,7 +47,7 @@ from interchange_ndjson.frames import (
     MAX_WINDOW,
 )
 
-import gateway.protocol as toolkit
+import gateway.sdk as toolkit
 from gateway.core.errors import LocalProtocolError, RemoteProtocolError
 from gateway.core.filters import Condition, Filter, Op
 
