@@ -22,7 +22,8 @@ Two benchmarks, both driven by a *replay client* in the benchmark process:
     above). A acks the replay client only once B acked the relayed window,
     and B only once its consumer acked, so the figure is end-to-end.
 
-The replay client does what the reference figures in the research notes did:
+The replay client does what the reference measurements of go-lumber and an
+asyncio reference server did:
 one Beats-shaped window, ``2W n`` + one ``2C`` (zlib, ``--level``) of ``n``
 ``2J`` events of exactly ``--size`` bytes of JSON, is encoded once with
 :func:`~protocols.lumberjack.encode_window` and sent again and again, with at
@@ -113,7 +114,7 @@ def make_events(count: int, size: int, seed: int = 5044) -> list[bytes]:
     adds and an access-log ``message`` (a random request id, then words from a
     small vocabulary and numbers). A window of 2048 such 200-byte events is
     430 080 bytes of frames, 88 710 on the wire at zlib level 3 (4.8 times
-    smaller; the research notes' generator made 4.3).
+    smaller; the reference figures' generator made 4.3).
     """
     if size < MIN_SIZE:
         raise ValueError(f"an event needs at least {MIN_SIZE} bytes, not {size}")

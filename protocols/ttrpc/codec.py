@@ -9,18 +9,18 @@ bad input is answered on its stream and the connection goes on, as Go's
 server does, so these codecs never enter ``ERROR``.
 
 * :class:`ServerCodec`, the server side. One explicit state per stream,
-  from the server's point of view (research ttrpc.md §4.2): a stream opens
+  from the server's point of view (as containerd's Go server keeps it): a stream opens
   with a Request, is *remote closed* once the client sends no more (a unary
   or ``remote closed`` Request, or Data with ``remote closed``), and is
   *finished* once the server sent its Response (or, for streams, Data with
   ``remote closed`` after the client closed). Bad input gets the Go server's
-  status on that stream id, never a closed connection (§3): oversize frames,
+  status on that stream id, never a closed connection: oversize frames,
   even ids, reused ids, undecodable Requests, Data for streams that are not
   active. Unknown frame types are ignored, as Go does.
 * :class:`ClientCodec`, the client side. Stream ids are odd, from 1, rising
   by 2, and reach the wire in the order :meth:`ClientCodec.start` hands them
   out (the driver writes them in that order). What each call kind sends is
-  what Go's client sends (§4.2): unary ``Request`` flags 0; server streaming
+  what Go's client sends: unary ``Request`` flags 0; server streaming
   ``remote closed`` with the request inside; client and bidi streaming
   ``remote open``, then Data, then Data ``remote closed | no data``. A
   Response ends a stream whatever the client still meant to send. Frames for
