@@ -78,10 +78,21 @@ async def until(driver: Any, check: Callable[[Any], bool], what: str, timeout: f
 
 
 def text(driver: Any, css: str) -> str:
+    """The text of the first element ``css`` selects, or "" if there is none.
+
+    The page re-renders its tables on every refresh, so an element found may be
+    replaced before its text is read: then it is looked up again.
+    """
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    found = driver.find_elements(By.CSS_SELECTOR, css)
-    return str(found[0].text) if found else ""
+    for _ in range(10):
+        found = driver.find_elements(By.CSS_SELECTOR, css)
+        try:
+            return str(found[0].text) if found else ""
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{css} was replaced ten times in a row")
 
 
 async def test_the_page_renders_and_follows_the_traffic(tmp_path: Path) -> None:
