@@ -84,7 +84,7 @@ from gateway.core.receipts import Receipt
 if TYPE_CHECKING:
     from gateway.core.filters import Filter
 
-__all__ = ["QUEUE_GROUP", "LogDestination", "LogSubscription", "positions"]
+__all__ = ["QUEUE_GROUP", "LogDestination", "LogGroup", "LogSubscription", "positions"]
 
 _NO_HOLES: frozenset[int] = frozenset()
 
@@ -117,8 +117,8 @@ def _offset_of(where: Position | int, what: str, partition: int) -> int:
     raise ValueError(f"{what} must be 'earliest', 'latest', an offset or a Position: {where!r}")
 
 
-class _Group:
-    """One group's reading state.
+class LogGroup:
+    """One group's reading state (a durable log saves and restores its position).
 
     ``cursor`` is the next offset never handed out; below it every offset is
     settled (acked, rejected, skipped by the filter, dropped), unacked at a
@@ -262,7 +262,7 @@ class LogDestination(Destination):
         self._holes = _NO_HOLES
         self._recent = ()
         self._recent_base = self._recent_first = 0
-        self._groups: dict[str, _Group] = {}
+        self._groups: dict[str, LogGroup] = {}
         #: Publishers waiting for room.
         self._space = trio.lowlevel.ParkingLot()
         #: Publishes waiting now for groups to commit (the log is full), and for the
@@ -282,7 +282,7 @@ class LogDestination(Destination):
         )
         if kind == "queue":
             # Exists from the start, so it holds every message from the first offset.
-            self._groups[QUEUE_GROUP] = _Group(QUEUE_GROUP, False, None, 0)
+            self._groups[QUEUE_GROUP] = LogGroup(QUEUE_GROUP, False, None, 0)
 
     # -- the storage ------------------------------------------------------------------
     @abstractmethod
@@ -473,7 +473,7 @@ class LogDestination(Destination):
         self._release(new_first, compacted)
         self._changed()
 
-    def _drop(self, g: _Group, lo: int, hi: int) -> None:
+    def _drop(self, g: LogGroup, lo: int, hi: int) -> None:
         """Entries ``lo`` to ``hi`` go while ``g`` still needs some: count them as
         dropped, and move the group's cursor and committed position past them.
 
@@ -531,13 +531,13 @@ class LogDestination(Destination):
         for g in self._groups.values():
             g.wake()
 
-    def _advanced(self, group: _Group | None = None) -> None:
+    def _advanced(self, group: LogGroup | None = None) -> None:
         """``group``'s committed position moved or it left (None: maybe several did):
         publishers may find room."""
         if self._space:
             self._space.unpark_all()
 
-    def _requeue(self, g: _Group, offsets: Iterable[int]) -> None:
+    def _requeue(self, g: LogGroup, offsets: Iterable[int]) -> None:
         """Give unacked ``offsets`` back to ``g``; evicted ones count as dropped."""
         first = self.first
         for offset in offsets:
@@ -603,7 +603,7 @@ class LogDestination(Destination):
         else:
             offset = self._start_offset(start)
             name = anonymous_group() if group is None else group
-            g = self._groups[name] = _Group(name, group is None, filter, offset)
+            g = self._groups[name] = LogGroup(name, group is None, filter, offset)
             if group is not None:
                 self._changed()
         sub = LogSubscription(self, g, credit, max_unacked, max_unacked_bytes, stop)
@@ -614,7 +614,7 @@ class LogDestination(Destination):
         """Create named ``group`` at the earliest retained entry, if it does not exist
         (a queue's one group always exists)."""
         if self.kind != "queue" and group not in self._groups:
-            self._groups[group] = _Group(group, False, None, self.first)
+            self._groups[group] = LogGroup(group, False, None, self.first)
             self._changed()
 
     def _leave(self, sub: LogSubscription) -> None:
@@ -708,7 +708,7 @@ class LogSubscription(Subscription):
     def __init__(
         self,
         log: LogDestination,
-        group: _Group,
+        group: LogGroup,
         credit: int | None,
         max_unacked: int,
         max_unacked_bytes: int | None,

@@ -55,7 +55,7 @@ from typing import Any, Literal
 
 from gateway.core.destination import message_sizes
 from gateway.core.filters import Filter
-from gateway.core.log import QUEUE_GROUP, LogDestination, _Group, positions
+from gateway.core.log import QUEUE_GROUP, LogDestination, LogGroup, positions
 from gateway.core.model import MESSAGE_OVERHEAD, Message
 from gateway.core.receipts import Receipt
 from gateway.durable.envelope import decode_many, encode_many, message_size
@@ -185,7 +185,7 @@ class DurableLog(LogDestination):
     def _changed(self) -> None:
         self._save()
 
-    def _advanced(self, group: _Group | None = None) -> None:
+    def _advanced(self, group: LogGroup | None = None) -> None:
         if group is None or not group.anonymous:
             self._save()
         super()._advanced(group)
@@ -383,7 +383,7 @@ class DurableLog(LogDestination):
             committed = min(max(committed, first), tail)
             if self.kind == "queue" and name != QUEUE_GROUP:
                 continue
-            self._groups[name] = _Group(name, False, filter, committed)
+            self._groups[name] = LogGroup(name, False, filter, committed)
 
     def _save(self) -> None:
         groups = {
