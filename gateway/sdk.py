@@ -35,6 +35,8 @@ The names, by what they are for:
 * transports a client dials with: ``TcpTransport``, ``tcp_transport``,
   ``UnixTransport``, ``unix_transport``, ``peer_credentials``,
   ``address_host``, ``identity_from_der``;
+* the interface of a transport plugin (entry-point group
+  ``interchange.transports``): ``Transport``, ``StreamLayer``, ``TlsLayer``;
 * the storage engine, for a protocol that speaks it natively (segment
   append): ``Store``, ``Segment``, ``SegmentTruncated``, ``SegmentDamaged``,
   and ``envelope``, how the hub's messages are stored.
@@ -85,10 +87,10 @@ if TYPE_CHECKING:
     from gateway.protocol.tags import NotACall, SerialSpace, UnknownTag
     from gateway.store import Segment, SegmentTruncated, Store
     from gateway.store.segment import SegmentDamaged
-    from gateway.transports.base import address_host
+    from gateway.transports.base import StreamLayer, Transport, address_host
     from gateway.transports.tcp import TcpTransport
     from gateway.transports.tcp import transport as tcp_transport
-    from gateway.transports.tls import identity_from_der
+    from gateway.transports.tls import TlsLayer, identity_from_der
     from gateway.transports.unix import UnixTransport, peer_credentials
     from gateway.transports.unix import transport as unix_transport
 
@@ -152,6 +154,9 @@ _WHERE: dict[str, tuple[str, str]] = {
     **{n: ("gateway.store", n) for n in ("Segment", "SegmentTruncated", "Store")},
     "SegmentDamaged": ("gateway.store.segment", "SegmentDamaged"),
     "address_host": ("gateway.transports.base", "address_host"),
+    "StreamLayer": ("gateway.transports.base", "StreamLayer"),
+    "Transport": ("gateway.transports.base", "Transport"),
+    "TlsLayer": ("gateway.transports.tls", "TlsLayer"),
     "TcpTransport": ("gateway.transports.tcp", "TcpTransport"),
     "tcp_transport": ("gateway.transports.tcp", "transport"),
     "identity_from_der": ("gateway.transports.tls", "identity_from_der"),
@@ -228,9 +233,12 @@ __all__ = [
     "StopAt",
     "StorageFull",
     "Store",
+    "StreamLayer",
     "Subscriber",
     "Subscription",
     "TcpTransport",
+    "TlsLayer",
+    "Transport",
     "UnixTransport",
     "UnknownTag",
     "Upstream",

@@ -21,9 +21,8 @@ from typing import Any
 
 import trio
 
-from gateway.core.errors import RemoteProtocolError
 from gateway.runtime.registry import Registered
-from gateway.transports import Transport
+from gateway.sdk import RemoteProtocolError, Transport
 from gateway.transports.tcp import format_sockaddr
 from gateway.transports.tcp import transport as tcp
 
