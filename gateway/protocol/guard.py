@@ -1,7 +1,7 @@
 """What the gateway guards one connection with, handed to its driver on the stream.
 
 The runtime wraps every accepted stream in one that carries a :class:`Guard`
-(``stream.guard``); a :class:`~gateway.protocol.Session` finds it there, so
+(``stream.guard``); a :class:`~gateway.sdk.Session` finds it there, so
 every protocol built on the skeleton gets the protections without asking:
 
 * **progress**: the idle timeout restarts on useful progress (a unit received

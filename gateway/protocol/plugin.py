@@ -203,7 +203,7 @@ class ServerConnection:
         )
         #: Asked by the idle watchdog: True while the protocol has work pending
         #: (unacked publishes, open subscriptions), so the connection is kept. A
-        #: :class:`~gateway.protocol.Session` reports its own through the stream's
+        #: :class:`~gateway.sdk.Session` reports its own through the stream's
         #: guard: set this only when driving the stream by hand.
         self.pending: Callable[[], bool] = _never
         self.last_activity = trio.current_time()
@@ -242,7 +242,7 @@ class ServerConnection:
     def touch(self) -> None:
         """Record useful progress: postpones the idle timeout.
 
-        A :class:`~gateway.protocol.Session` reports progress by itself; a
+        A :class:`~gateway.sdk.Session` reports progress by itself; a
         protocol driving its stream by hand calls this (until it does, every
         byte transferred counts, as before).
         """

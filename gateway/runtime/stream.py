@@ -16,7 +16,7 @@ class TrackedStream(trio.abc.Stream):
     """Passes everything through, counting bytes; carries the connection's :class:`Guard`.
 
     Until the protocol's driver reports progress itself (a
-    :class:`~gateway.protocol.Session` does), every transfer counts as
+    :class:`~gateway.sdk.Session` does), every transfer counts as
     activity for the idle timeout, as a plugin of its own may expect.
     """
 

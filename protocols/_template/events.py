@@ -3,7 +3,7 @@
 Copy this folder to start a protocol (see ``docs/codecs.md``). Events hold
 what a frame says, as bytes and numbers, never a decoded payload: the gateway
 passes bodies through untouched. The end of input is the toolkit's
-:class:`~gateway.protocol.ConnectionClosed`, shared by every protocol and
+:class:`~gateway.sdk.ConnectionClosed`, shared by every protocol and
 re-exported here.
 
 The template's protocol is one line per frame:

@@ -1,7 +1,7 @@
 """The client role of Lumberjack over trio: windows out, acks in.
 
 :func:`forward` is what a gateway upstream runs on each connection: a
-:class:`~gateway.protocol.Session` whose send loop pulls deliveries from the
+:class:`~gateway.sdk.Session` whose send loop pulls deliveries from the
 upstream's subscription and sends them as windows (``W n`` + one zlib ``C``
 of ``J`` frames numbered 1..n), keeping ``pipelining`` windows in flight. The
 :class:`ClientCodec` matches each ``A`` frame to the oldest window in flight,

@@ -1,6 +1,6 @@
 """The server role of Lumberjack over a trio stream: windows in, acks out.
 
-:class:`ServerSession` is a :class:`~gateway.protocol.Session`: its reader
+:class:`ServerSession` is a :class:`~gateway.sdk.Session`: its reader
 feeds the sans-IO :class:`ServerCodec` and hands each complete window to a
 *sink*, which returns a :class:`~gateway.core.receipts.Receipt` (the gateway's sink
 publishes to the hub; the library server's sink waits for the application).

@@ -4,8 +4,8 @@
 appender/reader side. Both stand on the toolkit's
 :class:`~gateway.protocol.lifecycle.Lifecycle` and work as h11 does: feed
 received bytes with ``receive_data`` (``b""`` means the peer closed), call
-``next_event`` until it returns :data:`~gateway.protocol.NEED_DATA` (or a
-:class:`~gateway.protocol.ConnectionClosed` once the peer closed and every
+``next_event`` until it returns :data:`~gateway.sdk.NEED_DATA` (or a
+:class:`~gateway.sdk.ConnectionClosed` once the peer closed and every
 event before it was returned, then every time), and turn commands into bytes
 with ``send``, which refuses with
 :class:`~gateway.core.errors.LocalProtocolError` what the connection's state
@@ -30,7 +30,7 @@ is parsed and every writer is forgotten, so a client has to set up again on
 a new connection.
 
 Parsing strategy: command headers are read with ``struct.unpack_from`` at an
-offset of the :class:`~gateway.protocol.ReceiveBuffer`; a command is
+offset of the :class:`~gateway.sdk.ReceiveBuffer`; a command is
 decoded only once it is whole, and a connection remembers how many bytes it
 needs before trying again, so a large block arriving in small pieces is not
 re-parsed per piece. Lengths are checked against :class:`Limits` as soon as

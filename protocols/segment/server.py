@@ -1,6 +1,6 @@
 """The segment-store role over a trio stream: appends stored durably, reads served.
 
-:class:`ServerSession` is a :class:`~gateway.protocol.Session` over the
+:class:`ServerSession` is a :class:`~gateway.sdk.Session` over the
 sans-IO :class:`~protocols.segment.codec.ServerCodec`, backed by an
 embedded :class:`~gateway.store.Store`:
 

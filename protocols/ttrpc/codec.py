@@ -3,7 +3,7 @@
 Every codec here reads frames with :class:`~.frames.FrameReader` and stands on
 the toolkit's :class:`~gateway.protocol.lifecycle.Lifecycle` (see
 ``docs/codecs.md``): ``receive_data``, ``next_event`` until
-:data:`~gateway.protocol.NEED_DATA`, a :class:`~gateway.protocol.ConnectionClosed`
+:data:`~gateway.sdk.NEED_DATA`, a :class:`~gateway.sdk.ConnectionClosed`
 once the peer closed (then every time). ttrpc has no connection-level error:
 bad input is answered on its stream and the connection goes on, as Go's
 server does, so these codecs never enter ``ERROR``.
@@ -162,7 +162,7 @@ class FramedCodec(Lifecycle, Generic[E]):
         return self._reader.held_bytes + frames_size(self._frames[self._next :])
 
     def next_event(self) -> E | ConnectionClosed | NeedData:
-        """The next event, :data:`~gateway.protocol.NEED_DATA`, or :class:`ConnectionClosed`
+        """The next event, :data:`~gateway.sdk.NEED_DATA`, or :class:`ConnectionClosed`
         once the peer closed its side (then every time)."""
         if self._queued:
             return self._queued.popleft()

@@ -2,7 +2,7 @@
 
 Register handlers on a :class:`Service` (by full protobuf service name) and
 serve a connection with :class:`TtrpcSession` (the protocol toolkit's
-:class:`~gateway.protocol.Session` driving :class:`~.codec.ServerCodec`). Each
+:class:`~gateway.sdk.Session` driving :class:`~.codec.ServerCodec`). Each
 call runs in a task of its own, so calls on one connection run concurrently
 and their replies go out in completion order, as Go's server does. A call's
 inbound messages wait in a bounded queue of their own; a burst larger than

@@ -5,7 +5,7 @@ The codecs (:class:`ServerCodec`, :class:`ClientCodec` and the events in
 :mod:`interchange_ndjson.frames`) import no I/O library; their ``NEED_DATA``,
 ``ConnectionClosed`` and ``CodecState`` are those of :mod:`gateway.protocol`,
 shared by every protocol. The plugin in :mod:`interchange_ndjson.plugin` drives it over a
-stream for the gateway as :class:`gateway.protocol.Session` subclasses.
+stream for the gateway as :class:`gateway.sdk.Session` subclasses.
 """
 
 from .codec import CLIENT, NEED_DATA, SERVER, ClientCodec, CodecState, ServerCodec

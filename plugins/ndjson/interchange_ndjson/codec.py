@@ -4,11 +4,11 @@
 a client's. Both stand on the toolkit's
 :class:`~gateway.protocol.lifecycle.Lifecycle` (see ``docs/codecs.md``): feed
 received bytes to ``receive_data`` (``b""`` means the peer closed), then call
-``next_event`` until it returns :data:`~gateway.protocol.NEED_DATA`; a
-:class:`~gateway.protocol.ConnectionClosed` follows the last line once the
+``next_event`` until it returns :data:`~gateway.sdk.NEED_DATA`; a
+:class:`~gateway.sdk.ConnectionClosed` follows the last line once the
 peer closed, and every call after. ``send`` turns an event into the bytes to
 write. Lines are found in the lifecycle's
-:class:`~gateway.protocol.ReceiveBuffer`, which remembers how far it
+:class:`~gateway.sdk.ReceiveBuffer`, which remembers how far it
 searched, so a long line arriving in small pieces is scanned once; each line
 is turned into an event by :mod:`.frames`, and back.
 

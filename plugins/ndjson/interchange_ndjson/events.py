@@ -6,7 +6,7 @@ Client to server: :class:`Publish`, :class:`PublishMany`, :class:`Call`,
 Server to client: :class:`Published` (with an :class:`ItemResult` per message
 when it answers a :class:`PublishMany`), :class:`Replied`, :class:`Deliver`,
 :class:`End`, :class:`Pong`, :class:`Error`. The end of input is the
-:class:`~gateway.protocol.ConnectionClosed` every codec shares, re-exported here.
+:class:`~gateway.sdk.ConnectionClosed` every codec shares, re-exported here.
 
 Two ops name a line in both directions, with different fields: ``ack``
 (:class:`Ack` by ``tag`` from a client, :class:`Published` by ``id`` from the

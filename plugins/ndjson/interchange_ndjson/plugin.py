@@ -1,6 +1,6 @@
 """The trio driver of the ndjson codec, in both roles, registered as a plugin.
 
-Both roles are :class:`gateway.protocol.Session` subclasses: the skeleton
+Both roles are :class:`gateway.sdk.Session` subclasses: the skeleton
 reads, writes, answers and drains; this module says what each line means.
 
 Server role: each ``pub`` line (one message or a batch) is published to the
