@@ -259,9 +259,7 @@ class Gateway:
                 shutdown=self.draining,
                 data_dir=self.config.gateway.data_dir,
                 store=self.store,
-                log=PrefixLogger(
-                    logging.getLogger(f"gateway.plugin.{name}"), f"plugin {name}"
-                ),
+                log=PrefixLogger(logging.getLogger(f"gateway.plugin.{name}"), f"plugin {name}"),
             )
 
         return env
