@@ -321,11 +321,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gateway", description="Interchange: a multi-protocol message gateway."
     )
-    parser.add_argument("--version", action="version", version=f"interchange {__version__}")
+    parser.add_argument("--version", action="version", version=f"interchange-gateway {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     # In this order in ``gateway --help``.
     commands = (_add_run, _add_check, _add_plugins, _add_reload, _add_tap, _add_top)
-    for add in (*commands, _add_certs, _add_store):
+    for add in (*commands, _add_config, _add_certs, _add_store):
         add(sub)
     return parser
 
@@ -383,6 +383,22 @@ def _add_top(sub: _Subparsers) -> None:
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     top.set_defaults(func=cmd_top)
+
+
+def _add_config(sub: _Subparsers) -> None:
+    config = sub.add_parser("config", help="print the embedded default config or its schema")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    default = config_sub.add_parser(
+        "default", help="the embedded default config as TOML (what `gateway run` uses)"
+    )
+    default.set_defaults(func=cmd_config_default)
+
+
+def cmd_config_default(args: argparse.Namespace) -> int:
+    from gateway.config.default import default_toml
+
+    sys.stdout.write(default_toml())
+    return 0
 
 
 def _add_certs(sub: _Subparsers) -> None:
