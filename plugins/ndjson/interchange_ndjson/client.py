@@ -10,6 +10,7 @@ a call, ``credit``/``unsub`` without a subscription, subscribing twice.
 from __future__ import annotations
 
 import itertools
+import ssl
 from collections import deque
 from collections.abc import Mapping
 
@@ -57,8 +58,26 @@ class NdjsonClient:
         self._send_lock = trio.Lock()
 
     @classmethod
-    async def connect(cls, host: str, port: int) -> NdjsonClient:
-        return cls(await trio.open_tcp_stream(host, port))
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+    ) -> NdjsonClient:
+        """Connect to ``host:port``; over TLS with ``ssl_context``, verifying the
+        server as ``server_hostname`` (default: ``host``)."""
+        stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+        if ssl_context is not None:
+            tls = trio.SSLStream(stream, ssl_context, server_hostname=server_hostname or host)
+            try:
+                await tls.do_handshake()
+            except BaseException:
+                await trio.aclose_forcefully(stream)
+                raise
+            stream = tls
+        return cls(stream)
 
     async def __aenter__(self) -> NdjsonClient:
         return self
