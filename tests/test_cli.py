@@ -56,17 +56,17 @@ def roundtrip(address: tuple[str, int]) -> list[dict[str, object]]:
 
 
 def test_version_and_help() -> None:
-    assert run("--version").stdout.startswith("interchange ")
+    assert run("--version").stdout.startswith("interchange-gateway ")
     assert "run" in run("--help").stdout
 
 
 def test_plugins_lists_protocols_and_transports_with_roles_and_versions() -> None:
     out = run("plugins").stdout
     assert re.search(
-        r"^\s+ndjson\s+server,client\s+port 7070\s+interchange-ndjson 0\.1\.0", out, re.M
+        r"^\s+ndjson\s+server,client\s+port 7070\s+interchange-gateway-ndjson 0\.1\.0", out, re.M
     )
     for transport in ("tcp", "unix", "tls"):
-        assert re.search(rf"^\s+{transport}\s+(socket|layer)\s+interchange ", out, re.M)
+        assert re.search(rf"^\s+{transport}\s+(socket|layer)\s+interchange-gateway ", out, re.M)
 
 
 def test_run_with_config_serves_and_exits_0_on_sigterm(tmp_path: Path) -> None:
@@ -159,4 +159,4 @@ def test_certs_init_creates_a_ca_and_refuses_to_overwrite(tmp_path: Path) -> Non
 def test_console_script_and_module_agree(module: bool) -> None:
     cmd = [*GATEWAY, "--version"] if module else ["gateway", "--version"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout
-    assert out.strip() == "interchange 0.1.0"
+    assert out.strip() == "interchange-gateway 0.1.0"

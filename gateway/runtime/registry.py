@@ -32,7 +32,7 @@ __all__ = [
 PROTOCOLS_GROUP = "interchange.protocols"
 TRANSPORTS_GROUP = "interchange.transports"
 #: The distribution of the built-in transports and layers; any other one's win over them.
-BUILTIN_DISTRIBUTION = "interchange"
+BUILTIN_DISTRIBUTION = "interchange-gateway"
 
 
 @dataclass(frozen=True, slots=True)

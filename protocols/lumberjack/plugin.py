@@ -225,6 +225,6 @@ def client_metrics(metrics: Metrics, upstream: str) -> ClientMetrics:
 def _version() -> str:
     """The gateway's version, sent as ``@metadata.version``."""
     try:
-        return importlib.metadata.version("interchange")
+        return importlib.metadata.version("interchange-gateway")
     except importlib.metadata.PackageNotFoundError:  # pragma: no cover - run from a bare tree
         return "0"

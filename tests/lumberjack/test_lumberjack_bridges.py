@@ -32,7 +32,7 @@ from protocols.lumberjack.client import ClientSettings, LumberjackClient
 from protocols.lumberjack.server import ServerSettings
 from protocols.lumberjack.standalone import Batch, open_server
 
-VERSION = importlib.metadata.version("interchange")
+VERSION = importlib.metadata.version("interchange-gateway")
 
 
 def lj_listener(name: str = "lj", **options: Any) -> dict[str, Any]:
