@@ -3,8 +3,10 @@
 A listener that refuses a client certificate (or gets none where one is
 required) must answer with the TLS alert OpenSSL chose, so the client reports
 ``certificate required`` or ``unknown ca`` instead of a bare EOF; the gateway
-logs OpenSSL's reason at INFO and counts it in
-``interchange_tls_handshake_failures_total{listener, reason}``.
+logs OpenSSL's reason at WARNING, with the subject of the certificate it
+refused, counts it in ``interchange_tls_handshake_failures_total{listener,
+reason}`` and shows it in the status's hints (no ``[metrics]`` table needed).
+A peer that hangs up during the handshake is information only.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from interchange_ndjson.client import NdjsonClient
 from test_runtime_tls import tls_listener
 
 from gateway.config.certs import create_ca, init_dir, issue
+from gateway.ops.status import snapshot
 from gateway.protocol.plugin import describe_error
 from gateway.runtime.gateway import Gateway
 from gateway.transports.tls import (
@@ -157,6 +160,13 @@ async def wait_for_failure(gw: Gateway, reason: str) -> None:
             "certificate verify failed: unable to get local issuer certificate",
         ),
         (
+            "rogue",
+            ssl.TLSVersion.TLSv1_2,
+            "TLSV1_ALERT_UNKNOWN_CA",
+            "unknown_ca",
+            "certificate verify failed: unable to get local issuer certificate",
+        ),
+        (
             "expired",
             None,
             "SSLV3_ALERT_CERTIFICATE_EXPIRED",
@@ -164,7 +174,7 @@ async def wait_for_failure(gw: Gateway, reason: str) -> None:
             "certificate verify failed: certificate has expired",
         ),
     ],
-    ids=["no-cert-tls13", "no-cert-tls12", "unknown-ca", "expired"],
+    ids=["no-cert-tls13", "no-cert-tls12", "unknown-ca", "unknown-ca-tls12", "expired"],
 )
 async def test_a_refused_client_certificate_gets_its_alert_and_is_logged(
     certs: dict[str, Path],
@@ -176,10 +186,21 @@ async def test_a_refused_client_certificate_gets_its_alert_and_is_logged(
     words: str,
 ) -> None:
     caplog.set_level(logging.DEBUG)
+    whose = f" (client certificate CN={cert})" if cert else ""
     async with running_gateway(config(certs)) as gw:
+        assert not snapshot(gw)["hints"]
         error = await client_error(gw, client_context(certs, cert, maximum))
         assert alert in str(error), error  # the alert, not a bare EOF
         await wait_for_failure(gw, reason)
+        # The status says so, though no [metrics] table is configured.
+        [listener] = snapshot(gw)["listeners"]
+        assert listener["tls_refusals"] == 1
+        [hint] = snapshot(gw)["hints"]
+        assert hint["level"] == "warning"
+        assert hint["subject"] == f"listener {LISTENER}"
+        assert hint["text"].startswith("1 TLS handshake refused since the start")
+        assert "127.0.0.1:" in hint["text"]
+        assert f"{whose}: {reason.replace('_', ' ')}: {words}" in hint["text"]
         # The listener still serves good clients.
         tcp = await trio.open_tcp_stream(*host_port(gw.addresses[LISTENER][0]))
         good = trio.SSLStream(tcp, client_context(certs, "client"), server_hostname="localhost")
@@ -187,10 +208,12 @@ async def test_a_refused_client_certificate_gets_its_alert_and_is_logged(
         await NdjsonClient(good).subscribe("logs")
         await good.aclose()
     assert failures(gw, reason) == 1
-    info = [r for r in caplog.records if r.levelno == logging.INFO and "TLS handshake" in r.msg]
-    [line] = [r.getMessage() for r in info]
-    assert line.startswith(f"[{LISTENER} 127.0.0.1:")
-    assert f"TLS handshake failed ({reason.replace('_', ' ')}): {words}" in line
+    [line] = [r for r in caplog.records if "TLS handshake" in r.msg]
+    assert line.levelno == logging.WARNING
+    assert line.getMessage().startswith(f"[{LISTENER} 127.0.0.1:")
+    assert line.getMessage().endswith(
+        f"TLS handshake failed ({reason.replace('_', ' ')}): {words}{whose}"
+    )
     closed = [r.getMessage() for r in caplog.records if "connection closed after" in r.msg]
     assert any(f"(TLS handshake failed: {reason.replace('_', ' ')})" in m for m in closed), closed
 
@@ -224,6 +247,8 @@ async def test_hang_up_and_silence_are_eof_and_timeout(certs: dict[str, Path]) -
         await quitter.send_all(b"\x16\x03\x01")  # the start of a ClientHello, then nothing
         await quitter.aclose()
         await wait_for_failure(gw, "eof")
+        # A hang-up is no refusal: nothing for the status's hints.
+        assert snapshot(gw)["listeners"][0]["tls_refusals"] == 0
         silent = await trio.open_tcp_stream(*address)
         with trio.fail_after(5):
             assert await silent.receive_some() == b""

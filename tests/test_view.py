@@ -139,6 +139,9 @@ def test_status_is_computed_from_a_snapshot_without_a_gateway() -> None:
             "bound": True,
             "connections": 2,
             "max_connections": 2,
+            "tls_refusals": 0,
+            "last_tls_refusal": None,
+            "last_tls_refusal_at": None,
         }
     ]
     jobs = next(d for d in s["destinations"] if d["name"] == "jobs")

@@ -35,6 +35,8 @@ __all__ = ["StatusTracker", "hints", "readiness", "snapshot", "status"]
 
 #: Destinations a status lists at most: those with the largest backlogs.
 MAX_DESTINATIONS = 200
+#: Seconds a listener's last refused TLS handshake stays a hint.
+TLS_HINT_WINDOW = 900.0
 #: The listener counters turned into rates, by their key in ``rates``.
 _LISTENER_COUNTERS = ("messages_in", "messages_out", "bytes_in", "bytes_out")
 
@@ -232,6 +234,9 @@ def _listener(ls: ListenerView) -> dict[str, Any]:
         "bound": bool(ls.addresses),
         "connections": ls.connections if ls.addresses else 0,
         "max_connections": ls.max_connections,
+        "tls_refusals": ls.tls_refusals,
+        "last_tls_refusal": ls.last_tls_refusal,
+        "last_tls_refusal_at": ls.last_tls_refusal_at,
     }
 
 
@@ -325,6 +330,7 @@ def hints(status: dict[str, Any]) -> list[dict[str, str]]:
     out += _gateway_hints(status)
     for ls in status["listeners"]:
         out += _listener_hints(ls)
+        out += _tls_hints(ls, status["time"])
     upstreams = {f"upstream:{u['name']}" for u in status["upstreams"]}
     for up in status["upstreams"]:
         out += _upstream_hints(up)
@@ -392,6 +398,22 @@ def _listener_hints(ls: dict[str, Any]) -> list[dict[str, str]]:
             )
         ]
     return []
+
+
+def _tls_hints(ls: dict[str, Any], now: float) -> list[dict[str, str]]:
+    """Refused TLS handshakes, while the last one is recent (:data:`TLS_HINT_WINDOW`)."""
+    at = ls.get("last_tls_refusal_at")
+    if not ls.get("tls_refusals") or at is None or now - at > TLS_HINT_WINDOW:
+        return []
+    ago = max(0, round(now - at))
+    return [
+        _hint(
+            "warning",
+            f"listener {ls['name']}",
+            f"{_count(ls['tls_refusals'], 'TLS handshake', 'TLS handshakes')} refused"
+            f" since the start; the last {ago}s ago: {ls['last_tls_refusal']}",
+        )
+    ]
 
 
 def _upstream_hints(up: dict[str, Any]) -> list[dict[str, str]]:

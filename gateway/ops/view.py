@@ -55,6 +55,11 @@ class ListenerView:
     messages_out: float = 0.0
     bytes_in: float = 0.0
     bytes_out: float = 0.0
+    #: TLS handshakes refused since the start, and the last one: the peer, the
+    #: client certificate's subject if any, why; when (wall clock).
+    tls_refusals: int = 0
+    last_tls_refusal: str | None = None
+    last_tls_refusal_at: float | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ListenerView:

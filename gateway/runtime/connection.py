@@ -186,7 +186,7 @@ class Connection:
         if isinstance(leaf, LOST):
             if stage == "TLS":
                 reason, detail = describe_handshake_failure(leaf)
-                self._tls_failed(reason, detail)
+                self._tls_failed(reason, detail, getattr(leaf, "subject", None))
                 return
             lost = lost_reason(leaf)
             self._closing(f"lost: {lost}")
@@ -201,14 +201,31 @@ class Connection:
         else:
             self.log.error("%s %s handshake failed; closing", self.prefix, stage, exc_info=leaf)
 
-    def _tls_failed(self, reason: str, detail: str) -> None:
-        self._closing(f"TLS handshake failed: {reason.replace('_', ' ')}")
+    def _tls_failed(self, reason: str, detail: str, subject: str | None) -> None:
+        """A TLS handshake that failed: counted, logged, and kept for the status.
+
+        A refusal (a certificate refused or missing, no common version, not
+        TLS) is a warning, with the client certificate's subject when one was
+        presented, and the listener keeps it for the status page's hints. A
+        peer that hung up during the handshake (``eof``: a port probe, a load
+        balancer's health check) is information only.
+        """
+        words = reason.replace("_", " ")
+        self._closing(f"TLS handshake failed: {words}")
         self._tls_failures(reason).inc()
-        self.listener.throttle.info(
+        whose = f" (client certificate {subject})" if subject else ""
+        if reason == "eof":
+            level = logging.INFO
+        else:
+            level = logging.WARNING
+            self.listener.tls_refused(f"{self.peer}{whose}: {words}: {detail}")
+        self.listener.throttle.log(
+            level,
             f"{self.settings.name}:tls:{reason}",
-            f"{self.prefix} TLS handshake failed (%s): %s",
-            reason.replace("_", " "),
+            f"{self.prefix} TLS handshake failed (%s): %s%s",
+            words,
             detail,
+            whose,
         )
 
     def _tls_failures(self, reason: str) -> Counter:

@@ -76,6 +76,9 @@ def listener_views(
                 addresses=tuple(state.addresses) if state is not None else (),
                 connections=state.connections if state is not None else 0,
                 max_connections=ls.max_connections,
+                tls_refusals=state.tls_refusals if state is not None else 0,
+                last_tls_refusal=state.last_tls_refusal if state is not None else None,
+                last_tls_refusal_at=state.last_tls_refusal_at if state is not None else None,
                 **{key: values.get(ls.name, 0.0) for key, values in counters.items()},
             )
         )

@@ -13,6 +13,7 @@ part of the runtime imports the module that assembles them.
 from __future__ import annotations
 
 import ssl
+import time
 from dataclasses import dataclass, field
 
 import trio
@@ -74,6 +75,13 @@ class ListenerState:
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     #: A reload removed it: it is forgotten once its connections are gone.
     removed: bool = False
+    #: TLS handshakes refused since the start (counted here, not only in the
+    #: metrics, so that the status shows them with or without ``[metrics]``).
+    tls_refusals: int = 0
+    #: The last refusal: the peer, the certificate's subject if any, why.
+    last_tls_refusal: str | None = None
+    #: When it happened (wall clock).
+    last_tls_refusal_at: float | None = None
 
     @property
     def name(self) -> str:
@@ -96,6 +104,12 @@ class ListenerState:
             self.per_address[host] = held + 1
         self.connections += 1
         return None
+
+    def tls_refused(self, what: str) -> None:
+        """Count a refused TLS handshake; ``what`` says whose and why."""
+        self.tls_refusals += 1
+        self.last_tls_refusal = what
+        self.last_tls_refusal_at = time.time()
 
     def release(self, host: str | None) -> None:
         """A connection :meth:`admit` counted in has ended."""

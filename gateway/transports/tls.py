@@ -12,6 +12,14 @@ certificate``) and as one of a bounded set of reasons for metrics
 wrote for the peer (``certificate required``, ``unknown ca``…) is sent and
 the connection half-closed, so the peer learns why instead of seeing a bare
 EOF: ``trio.SSLStream`` drops that alert when the handshake fails.
+
+When the client presented a certificate that was refused (an unknown CA, an
+expired certificate), the error carries its subject, so the log line says
+*whose* certificate it was. OpenSSL keeps no refused certificate, so a
+listener that asks for client certificates watches the handshake messages it
+reads (``SSLContext._msg_callback``) and remembers the first certificate of
+the client's Certificate message; the callback returns at once for every
+other record.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import hashlib
 import os
 import re
 import ssl
+import weakref
 from pathlib import Path
 from typing import NoReturn
 
@@ -98,6 +107,8 @@ class TlsLayer(StreamLayer):
         if settings.client_ca is not None:
             _load_ca(ctx, "client_ca", Path(settings.client_ca))
         ctx.verify_mode = _VERIFY_MODES[settings.client_auth]
+        if settings.client_auth != "none":
+            ctx._msg_callback = _note_client_certificate  # type: ignore[attr-defined]
         return ctx
 
     def client_context(self, settings: TlsClientSettings) -> ssl.SSLContext:
@@ -222,14 +233,23 @@ class TlsHandshakeError(trio.BrokenResourceError):
     """A TLS handshake failed; ``str()`` says why in words, ``reason`` as a metric label.
 
     ``reason`` is one of :data:`HANDSHAKE_FAILURE_REASONS`; ``error`` is what
-    the ssl module (or the stream under it) raised.
+    the ssl module (or the stream under it) raised; ``subject`` is the RFC 4514
+    subject of the certificate the client presented (None: it presented none,
+    or we are the client).
     """
 
-    def __init__(self, reason: str, detail: str, error: BaseException | None = None) -> None:
+    def __init__(
+        self,
+        reason: str,
+        detail: str,
+        error: BaseException | None = None,
+        subject: str | None = None,
+    ) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
         self.error = error
+        self.subject = subject
 
 
 def describe_handshake_failure(error: BaseException) -> tuple[str, str]:
@@ -299,8 +319,69 @@ async def _handshake(tls: trio.SSLStream[trio.abc.Stream], raw: trio.abc.Stream)
         await tls.do_handshake()
     except trio.BrokenResourceError as e:
         reason, detail = describe_handshake_failure(e)
+        subject = _presented_subject(tls)
         await _send_alert(tls, raw)
-        raise TlsHandshakeError(reason, detail, e.__cause__ or e) from e.__cause__ or e
+        raise TlsHandshakeError(reason, detail, e.__cause__ or e, subject) from e.__cause__ or e
+    finally:
+        _presented(tls)  # forget it: a verified certificate is the identity
+
+
+#: The first certificate each server connection's client presented, DER (see
+#: :func:`_note_client_certificate`); an entry goes with its ``SSLObject``.
+_PRESENTED: weakref.WeakKeyDictionary[object, bytes] = weakref.WeakKeyDictionary()
+_HANDSHAKE = 22
+_CERTIFICATE = 11
+_TLS13 = 0x0304
+
+
+def _note_client_certificate(
+    conn: object, direction: str, version: int, content_type: int, msg_type: int, data: bytes
+) -> None:
+    """``SSLContext._msg_callback`` of a server context: keep the client's certificate.
+
+    Called by OpenSSL for every record and handshake message, so anything
+    but a Certificate message read is dismissed first.
+    """
+    if msg_type != _CERTIFICATE or content_type != _HANDSHAKE or direction != "read":
+        return
+    try:
+        der = _first_certificate(data, version >= _TLS13)
+    except (IndexError, ValueError):
+        return
+    if der:
+        _PRESENTED[conn] = der
+
+
+def _first_certificate(message: bytes, tls13: bool) -> bytes:
+    """The first DER certificate of a Certificate handshake message (b"": none).
+
+    TLS 1.3 puts a request context (one length byte) before the list.
+    """
+    at = 4  # msg_type and a 3-byte length
+    if tls13:
+        at += 1 + message[at]
+    at += 3  # the list's length
+    if at + 3 > len(message):
+        return b""
+    size = int.from_bytes(message[at : at + 3], "big")
+    return message[at + 3 : at + 3 + size]
+
+
+def _presented(tls: trio.SSLStream[trio.abc.Stream]) -> bytes | None:
+    """Take the certificate noted for ``tls``'s client (None: none was)."""
+    obj = getattr(tls, "_ssl_object", None)  # trio's SSLObject
+    return _PRESENTED.pop(obj, None) if obj is not None else None
+
+
+def _presented_subject(tls: trio.SSLStream[trio.abc.Stream]) -> str | None:
+    """The subject of the certificate the client presented, if one was noted."""
+    der = _presented(tls)
+    if der is None:
+        return None
+    try:
+        return x509.load_der_x509_certificate(der).subject.rfc4514_string()
+    except ValueError:
+        return None
 
 
 async def _send_alert(tls: trio.SSLStream[trio.abc.Stream], raw: trio.abc.Stream) -> None:
