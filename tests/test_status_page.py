@@ -2,8 +2,9 @@
 
 The gateway runs in this process; the browser loads ``/``, whose script polls
 ``/api/status`` every second. The test checks that the listeners render, that
-a publish into a queue nobody consumes shows up as a backlog and a hint, and
-saves a screenshot into pytest's ``tmp_path``. Selenium's calls block, so they
+a publish into a queue nobody consumes shows up as a backlog, a hint and a
+trend chart above zero (while an idle listener's chart stays flat), and saves
+a screenshot into pytest's ``tmp_path``. Selenium's calls block, so they
 run in worker threads while the gateway serves.
 
 chromium and chromedriver are required, not optional: without them the test
@@ -13,7 +14,9 @@ fails and says what to install (``.ci/run`` installs them).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,7 +37,8 @@ def config() -> dict[str, Any]:
         "gateway": {"drain_timeout": "1s"},
         "admin": {"bind": "127.0.0.1:0"},
         "listeners": [
-            {"name": "ingest", "protocol": "ndjson", "bind": "127.0.0.1:0", "destination": "jobs"}
+            {"name": "ingest", "protocol": "ndjson", "bind": "127.0.0.1:0", "destination": "jobs"},
+            {"name": "idle", "protocol": "ndjson", "bind": "127.0.0.1:0", "destination": "jobs"},
         ],
         "destinations": [{"name": "jobs", "kind": "queue"}],
     }
@@ -95,6 +99,37 @@ def text(driver: Any, css: str) -> str:
     raise AssertionError(f"{css} was replaced ten times in a row")
 
 
+def chart(driver: Any, row: str) -> tuple[str, list[list[float]]]:
+    """The text alternative of the trend chart in ``row``, and its "in" line's points.
+
+    The points are (x, height above the chart's zero line) pairs, as drawn;
+    ("", []) when the row has no chart (yet).
+    """
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    for _ in range(10):
+        found = driver.find_elements(By.CSS_SELECTOR, f"{row} td.trend svg")
+        try:
+            if not found:
+                return "", []
+            svg = found[0]
+            label = str(svg.get_dom_attribute("aria-label"))
+            height = float(str(svg.get_dom_attribute("viewBox")).split()[3])
+            line = svg.find_element(By.CSS_SELECTOR, "polyline.in").get_dom_attribute("points")
+        except StaleElementReferenceException:
+            continue
+        pairs = [p.split(",") for p in str(line).split()]
+        return label, [[float(x), height - 1 - float(y)] for x, y in pairs]
+    raise AssertionError(f"{row} was replaced ten times in a row")
+
+
+def rising(driver: Any, row: str) -> bool:
+    """Whether the last point of the chart in ``row`` is above zero."""
+    points = chart(driver, row)[1]
+    return bool(points) and points[-1][1] > 0
+
+
 async def test_the_page_renders_and_follows_the_traffic(tmp_path: Path) -> None:
     driver = await in_thread(browser)
     try:
@@ -119,6 +154,23 @@ async def test_the_page_renders_and_follows_the_traffic(tmp_path: Path) -> None:
                     conns = text(driver, f"{listener} td.connections")
                     assert conns == "1 / 1024", conns
 
+                    dest = '#destinations tr[data-name="jobs"]'
+                    for row in (listener, dest):
+                        await until(driver, partial(rising, row=row), f"the chart of {row} rising")
+                        label, points = chart(driver, row)
+                        assert points[0][1] == 0, points  # before the publish
+                        said = re.match(r"msg/s in now ([\d.]+) \(range 0 to ([\d.]+)\)", label)
+                        assert said, label
+                        assert 0 < float(said[1]) <= float(said[2]), label
+                        assert "over the last" in label, label
+
+                    idle = '#listeners tr[data-name="idle"]'
+                    await until(driver, lambda d: len(chart(d, idle)[1]) > 2, "3 points of idle")
+                    label, points = chart(driver, idle)
+                    assert all(y == 0 for _, y in points), points
+                    flat = "msg/s in now 0 (range 0 to 0), out now 0 (range 0 to 0)"
+                    assert label.startswith(flat), label
+
                     shot = tmp_path / "status-page.png"
                     assert await in_thread(driver.save_screenshot, str(shot))
                     print(f"status page screenshot: {shot}")
@@ -130,5 +182,43 @@ async def test_the_page_renders_and_follows_the_traffic(tmp_path: Path) -> None:
                 if entry["level"] == "SEVERE"
             ]
             assert not errors, errors  # no script error, no blocked resource
+    finally:
+        await in_thread(driver.quit)
+
+
+#: Feeds the page ten minutes of snapshots, one a second, in one go (the
+#: page's own refresh cannot run in between), then answers the ingest
+#: listener's chart: its text alternative and the points of its "in" line.
+REPLAY = """
+const done = arguments[arguments.length - 1];
+fetch("/api/status").then((r) => r.json()).then((s) => {
+  const start = s.time + 3600;
+  for (let i = 0; i < 600; i++) {
+    s.time = start + i;
+    s.rates.listeners.ingest = { messages_in: i % 10, messages_out: 0 };
+    render(s);
+  }
+  const svg = document.querySelector('#listeners tr[data-name="ingest"] td.trend svg');
+  done([svg.getAttribute("aria-label"), svg.querySelector("polyline.in").getAttribute("points")]);
+});
+"""
+
+
+async def test_a_chart_keeps_the_last_five_minutes() -> None:
+    driver = await in_thread(browser)
+    try:
+        async with running_gateway(config()) as gw:
+            with trio.fail_after(TIMEOUT):
+                await in_thread(driver.get, f"http://{gw.admin_addresses[0]}/")
+                listener = '#listeners tr[data-name="ingest"]'
+                await until(driver, lambda d: "ndjson" in text(d, listener), "the listener")
+                label, points = await in_thread(driver.execute_async_script, REPLAY)
+        xs = [float(p.split(",")[0]) for p in points.split()]
+        assert len(xs) == 300, len(xs)  # one point a second, five minutes of them
+        assert xs == sorted(xs)
+        assert 0 < xs[0] < 1, xs[0]
+        assert xs[-1] == 120, xs[-1]
+        assert label.startswith("msg/s in now 9 (range 0 to 9), out now 0 (range 0 to 0)"), label
+        assert label.endswith("over the last 5m"), label
     finally:
         await in_thread(driver.quit)

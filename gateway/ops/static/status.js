@@ -51,7 +51,81 @@ function fill(tableId, rows, empty) {
   }
 }
 
+// Trends: every series is a bounded ring of (time, rate) points kept in the
+// page, one point per snapshot, for the last TREND_S seconds. Nothing is kept
+// on the gateway: a page opened now starts with an empty chart.
+const TREND_S = 300;
+const TREND_POINTS = 300;
+const SPARK_W = 120;
+const SPARK_H = 24;
+const SVG_NS = "http://www.w3.org/2000/svg";
+const trends = new Map(); // "listeners/ingest/messages_in" → [[time, rate], ...]
+
+function remember(key, time, value) {
+  let ring = trends.get(key);
+  if (!ring || (ring.length && time < ring[ring.length - 1][0])) {
+    ring = []; // new series, or the gateway's clock went back: start over
+    trends.set(key, ring);
+  }
+  if (ring.length && ring[ring.length - 1][0] === time) ring.pop();
+  ring.push([time, typeof value === "number" ? value : 0]);
+  while (ring.length > TREND_POINTS || ring[0][0] < time - TREND_S) ring.shift();
+}
+
+function rememberAll(s) {
+  const live = new Set();
+  const keep = (section, name, rates) => {
+    for (const key of ["messages_in", "messages_out"]) {
+      const id = section + "/" + name + "/" + key;
+      live.add(id);
+      remember(id, s.time, (rates || {})[key]);
+    }
+  };
+  for (const l of s.listeners) keep("listeners", l.name, (s.rates.listeners || {})[l.name]);
+  for (const d of s.destinations) keep("destinations", d.name, (s.rates.destinations || {})[d.name]);
+  for (const id of trends.keys()) if (!live.has(id)) trends.delete(id); // gone: forget it
+}
+
+function describe(what, ring) {
+  const values = ring.map((p) => p[1]);
+  return what + " now " + num(values[values.length - 1]) +
+    " (range " + num(Math.min(...values)) + " to " + num(Math.max(...values)) + ")";
+}
+
+// A sparkline of msg/s in (solid) and out (dashed) of one listener or
+// destination, on one scale from 0; its text alternative says the current
+// value and the range of each line.
+function trendCell(section, name) {
+  const td = el("td", null, "trend");
+  const lines = ["messages_in", "messages_out"]
+    .map((key) => [key, trends.get(section + "/" + name + "/" + key) || []])
+    .filter(([, ring]) => ring.length);
+  if (!lines.length) return td;
+  const end = Math.max(...lines.map(([, r]) => r[r.length - 1][0]));
+  const start = Math.min(...lines.map(([, r]) => r[0][0]));
+  const top = Math.max(1, ...lines.flatMap(([, r]) => r.map((p) => p[1])));
+  const svg = document.createElementNS(SVG_NS, "svg");
+  svg.setAttribute("viewBox", "0 0 " + SPARK_W + " " + SPARK_H);
+  svg.setAttribute("class", "spark");
+  svg.setAttribute("role", "img");
+  const label = "msg/s " + lines.map(([key, ring]) => describe(key.slice(9), ring)).join(", ") +
+    ", over the last " + ago(end - start);
+  svg.setAttribute("aria-label", label);
+  svg.appendChild(document.createElementNS(SVG_NS, "title")).textContent = label;
+  for (const [key, ring] of lines) {
+    const line = document.createElementNS(SVG_NS, "polyline");
+    line.setAttribute("class", key.slice(9));
+    line.setAttribute("points", ring.map(([t, v]) =>
+      (SPARK_W * (1 - (end - t) / TREND_S)).toFixed(1) + "," +
+      (SPARK_H - 1 - ((SPARK_H - 2) * Math.max(0, v)) / top).toFixed(1)).join(" "));
+    svg.appendChild(line);
+  }
+  td.appendChild(svg);
+  return td;
+}
+
 function render(s) {
+  rememberAll(s);
   const ready = document.getElementById("ready");
   ready.textContent = s.draining ? "draining" : s.ready ? "ready" : "not ready";
   ready.className = "badge " + (s.ready ? "ok" : "bad");
@@ -85,6 +159,7 @@ function render(s) {
       numCell(l.connections + " / " + l.max_connections, "connections"),
       numCell(r.messages_in), numCell(r.messages_out),
       el("td", bytes(r.bytes_in), "num"), el("td", bytes(r.bytes_out), "num"),
+      trendCell("listeners", l.name),
     ], { "data-name": l.name });
   }), "no listeners");
 
@@ -109,14 +184,14 @@ function render(s) {
       numCell((dr[d.name] || {}).messages_in), numCell((dr[d.name] || {}).messages_out),
       numCell(d.backlog.messages, "backlog"), el("td", bytes(d.backlog.bytes), "num"),
       numCell((dr[d.name] || {}).backlog), numCell(d.groups.reduce((a, g) => a + g.members, 0)),
-      el("td", ""), el("td", ""),
+      el("td", ""), el("td", ""), trendCell("destinations", d.name),
     ], { "data-name": d.name, class: "destination" }));
     for (const g of d.groups) {
       drows.push(row([
         g.anonymous ? "(anonymous)" : g.name, g.full ? "full" : "", el("td", ""), el("td", ""),
         numCell(g.held !== undefined ? g.held : g.behind), el("td", bytes(g.held_bytes), "num"),
         el("td", ""), numCell(g.members, g.members ? "" : "warn"),
-        numCell(g.queued), numCell(g.unacked),
+        numCell(g.queued), numCell(g.unacked), el("td", ""),
       ], { "data-destination": d.name, "data-group": g.name, class: "group" }));
     }
   }
