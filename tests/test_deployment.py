@@ -1,0 +1,183 @@
+"""The deployment files: the systemd unit and its sample config, the Dockerfile
+and the container's config.
+
+No container engine can build the image here (no daemon, and base images come
+from a registry this machine does not reach), so the Dockerfile is parsed and
+checked for what docs/deployment.md promises, and every file it copies exists.
+The unit is checked by ``systemd-analyze verify`` where systemd is installed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.config.loader import default_data, load
+from gateway.runtime.registry import default_registry
+
+ROOT = Path(__file__).resolve().parent.parent
+UNIT = ROOT / "examples" / "systemd" / "interchange.service"
+UNIT_CONFIG = ROOT / "examples" / "systemd" / "interchange.toml"
+DOCKERFILE = ROOT / "Dockerfile"
+CONTAINER_CONFIG = ROOT / "examples" / "docker" / "interchange.toml"
+
+
+# --- systemd -----------------------------------------------------------------
+
+
+def _unit(text: str) -> dict[str, dict[str, list[str]]]:
+    """A unit file as {section: {key: [values]}} (keys may repeat in units)."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+            continue
+        assert current is not None, f"a key outside any section: {line}"
+        key, sep, value = line.partition("=")
+        assert sep, f"not a key=value line: {line}"
+        current.setdefault(key.strip(), []).append(value.strip())
+    return sections
+
+
+def test_the_unit_has_what_an_operator_expects() -> None:
+    unit = _unit(UNIT.read_text(encoding="utf-8"))
+    service = unit["Service"]
+    assert service["Type"] == ["simple"]
+    assert service["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+    assert service["User"] == ["interchange"]
+    assert service["NoNewPrivileges"] == ["yes"]
+    assert service["ProtectSystem"] == ["strict"]
+    assert unit["Install"]["WantedBy"] == ["multi-user.target"]
+    config = service["ExecStart"][0].split()[-1]
+    assert config == "/etc/interchange/interchange.toml"
+    assert config.startswith("/etc/" + service["ConfigurationDirectory"][0] + "/")
+
+
+def test_the_sample_config_keeps_its_data_in_the_state_directory() -> None:
+    unit = _unit(UNIT.read_text(encoding="utf-8"))
+    state = "/var/lib/" + unit["Service"]["StateDirectory"][0]
+    config = load(UNIT_CONFIG)
+    assert config.gateway.data_dir == Path(state)
+    assert config.admin_bind is not None
+
+
+def _verify(unit_text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``systemd-analyze verify`` on the unit, its gateway being this venv's."""
+    gateway = Path(sys.executable).with_name("gateway")
+    path = tmp_path / "interchange.service"
+    path.write_text(unit_text.replace("/opt/interchange/bin/gateway", str(gateway)))
+    return subprocess.run(
+        ["systemd-analyze", "verify", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+needs_systemd = pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed"
+)
+
+
+@needs_systemd
+def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
+    result = _verify(UNIT.read_text(encoding="utf-8"), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "", result.stderr
+
+
+@needs_systemd
+def test_systemd_analyze_would_catch_a_mistake(tmp_path: Path) -> None:
+    broken = UNIT.read_text(encoding="utf-8").replace("Type=simple", "Type=simpel")
+    result = _verify(broken, tmp_path)
+    assert "simpel" in result.stderr
+
+
+# --- the container -----------------------------------------------------------
+
+
+def _instructions() -> list[dict[str, Any]]:
+    dockerfile_parse = pytest.importorskip("dockerfile_parse")
+    parser = dockerfile_parse.DockerfileParser(path=str(DOCKERFILE))
+    return [i for i in parser.structure if i["instruction"] != "COMMENT"]
+
+
+_KNOWN = {
+    "ARG", "FROM", "WORKDIR", "COPY", "RUN", "USER", "VOLUME", "EXPOSE",
+    "HEALTHCHECK", "STOPSIGNAL", "ENTRYPOINT", "CMD", "ENV", "LABEL",
+}  # fmt: skip
+
+
+def test_the_dockerfile_is_multi_stage_with_known_instructions() -> None:
+    instructions = _instructions()
+    assert {i["instruction"] for i in instructions} <= _KNOWN
+    stages = [i["value"] for i in instructions if i["instruction"] == "FROM"]
+    assert len(stages) == 2
+    assert stages[-1].endswith("AS runtime")
+    assert "slim" in stages[-1]
+
+
+def _last(instructions: list[dict[str, Any]], name: str) -> str:
+    values = [i["value"] for i in instructions if i["instruction"] == name]
+    assert values, f"no {name}"
+    return str(values[-1])
+
+
+def test_the_image_runs_as_a_user_of_its_own_with_a_volume_and_a_healthcheck() -> None:
+    instructions = _instructions()
+    assert _last(instructions, "USER") not in ("root", "0")
+    config = tomllib.loads(CONTAINER_CONFIG.read_text(encoding="utf-8"))
+    data_dir = config["gateway"]["data_dir"]
+    assert data_dir in _last(instructions, "VOLUME")
+    admin_port = config["admin"]["bind"].rsplit(":", 1)[1]
+    healthcheck = _last(instructions, "HEALTHCHECK")
+    assert f"127.0.0.1:{admin_port}/healthz" in healthcheck
+    assert "/etc/interchange/interchange.toml" in _last(instructions, "CMD")
+
+
+def test_every_file_the_dockerfile_copies_exists_and_is_not_ignored() -> None:
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    copied = []
+    for i in _instructions():
+        if i["instruction"] != "COPY" or i["value"].startswith("--from="):
+            continue
+        *sources, _target = i["value"].split()
+        copied.extend(sources)
+    assert "examples/docker/interchange.toml" in copied
+    for source in copied:
+        assert (ROOT / source).exists(), source
+        assert source not in ignored
+        assert source.split("/")[0] not in ignored
+
+
+def _listeners(data: dict[str, Any]) -> dict[str, tuple[str, str, str | None]]:
+    return {
+        item["name"]: (item["protocol"], item["bind"].rsplit(":", 1)[1], item.get("destination"))
+        for item in data["listeners"]
+    }
+
+
+def test_the_container_config_is_the_embedded_default_on_all_interfaces() -> None:
+    default = default_data(default_registry())
+    container = tomllib.loads(CONTAINER_CONFIG.read_text(encoding="utf-8"))
+    assert _listeners(container) == _listeners(default)
+    assert container["destinations"] == default["destinations"]
+    binds = [item["bind"] for item in container["listeners"]]
+    binds += [container["admin"]["bind"], container["metrics"]["bind"]]
+    assert all(bind.startswith("*:") for bind in binds)
+    assert load(CONTAINER_CONFIG).listeners
