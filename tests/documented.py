@@ -58,3 +58,13 @@ def python_examples() -> list[PythonExample]:
                 tested_by = mark.group(2)
             found.append(PythonExample(f"{doc.relative_to(ROOT)}#{i}", code, mode, tested_by))
     return found
+
+
+def json_blocks() -> list[tuple[str, str]]:
+    """(where, text) of each ```json block of the README and docs."""
+    found = []
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        for i, block in enumerate(re.findall(r"^```json\n(.*?)```", text, re.S | re.M)):
+            found.append((f"{doc.relative_to(ROOT)}#{i}", block))
+    return found

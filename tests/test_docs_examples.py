@@ -1,7 +1,7 @@
 """Every example in the README and docs does what the docs say, so they cannot drift.
 
 - **TOML**: each ```toml block that is a whole config (it has a listener or an
-  upstream) passes what ``gateway check`` runs.
+  upstream) passes what ``gateway check`` runs. Each ```json block parses.
 - **Python**: each ```python block is at least compiled (top-level ``await``
   allowed), and most are run, each in a fresh namespace in an empty temporary
   working directory. The line right before a block may say otherwise:
@@ -22,6 +22,7 @@ what a client sends and answering once the message is safe.
 from __future__ import annotations
 
 import ast
+import json
 import socket
 import tomllib
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from documented import ROOT, PythonExample, python_examples, toml_configs
+from documented import ROOT, PythonExample, json_blocks, python_examples, toml_configs
 from harness import host_port, running_gateway
 from toy_line import registered
 
@@ -38,6 +39,7 @@ from gateway.config.certs import init_dir
 from gateway.config.loader import load
 
 CONFIGS = toml_configs()
+JSON = json_blocks()
 EXAMPLES = python_examples()
 RUN = [e for e in EXAMPLES if e.mode == "run"]
 ELSEWHERE = [e for e in EXAMPLES if e.mode == "elsewhere"]
@@ -54,6 +56,11 @@ def test_config_example_is_valid(where: str, text: str, tmp_path: Path) -> None:
     path = tmp_path / "gateway.toml"
     path.write_text(text, encoding="utf-8")
     load(path)  # raises ConfigError listing every problem
+
+
+@pytest.mark.parametrize(("where", "text"), JSON, ids=[w for w, _ in JSON])
+def test_json_example_parses(where: str, text: str) -> None:
+    json.loads(text)
 
 
 def test_most_python_examples_run() -> None:
