@@ -260,6 +260,29 @@ async def test_hang_up_and_silence_are_eof_and_timeout(certs: dict[str, Path]) -
         assert refused == 1
 
 
+@pytest.mark.parametrize("close_notify", [True, False], ids=["close-notify", "ragged"])
+async def test_a_client_that_closes_is_an_ordinary_close(
+    certs: dict[str, Path], caplog: pytest.LogCaptureFixture, close_notify: bool
+) -> None:
+    """With or without ``close_notify``, a client closing after its exchange is no
+    fault: nothing above DEBUG, and the closing line says the peer closed."""
+    caplog.set_level(logging.DEBUG)
+    async with running_gateway(config(certs)) as gw:
+        tcp = await trio.open_tcp_stream(*host_port(gw.addresses[LISTENER][0]))
+        tls = trio.SSLStream(tcp, client_context(certs, "client"), server_hostname="localhost")
+        await tls.do_handshake()
+        await NdjsonClient(tls).subscribe("logs")
+        await (tls.aclose() if close_notify else tcp.aclose())
+        with trio.fail_after(5):
+            while not any("connection closed after" in r.msg for r in caplog.records):
+                await trio.sleep(0.01)
+    about = [r for r in caplog.records if r.getMessage().startswith(f"[{LISTENER} ")]
+    assert [r.getMessage() for r in about if r.levelno > logging.DEBUG] == []
+    closed = [r.getMessage() for r in about if "connection closed after" in r.msg]
+    [line] = closed
+    assert "(peer closed)" in line
+
+
 # -- the upstream side -----------------------------------------------------------------
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "HANDSHAKE_FAILURE_REASONS",
     "TlsHandshakeError",
     "TlsLayer",
+    "TlsServerStream",
     "describe_handshake_failure",
     "identity_from_der",
     "ssl_error_words",
@@ -151,7 +152,7 @@ class TlsLayer(StreamLayer):
         """
         tls = trio.SSLStream(stream, context, server_side=True)
         await _handshake(tls, stream)
-        return tls, _verified_identity(tls, context)
+        return TlsServerStream(tls), _verified_identity(tls, context)
 
     async def wrap_client(
         self, stream: trio.abc.Stream, context: ssl.SSLContext, server_hostname: str | None
@@ -166,6 +167,54 @@ class TlsLayer(StreamLayer):
         tls = trio.SSLStream(stream, context, server_hostname=hostname)
         await _handshake(tls, stream)
         return tls, _verified_identity(tls, context)
+
+
+class TlsServerStream(trio.abc.Stream):
+    """A server's TLS stream on which a client's close without ``close_notify`` is EOF.
+
+    Many TLS clients close the socket without sending ``close_notify`` (Python's
+    ``ssl`` sockets, a process that exits); ``trio.SSLStream`` reports that as
+    ``BrokenResourceError`` ("EOF occurred in violation of protocol"), which
+    would make every such close a lost connection. Here it reads as the end of
+    the stream, as a TCP close does: the protocol sees its EOF and judges
+    whether a unit was cut short, as it does over plain TCP (the truncation
+    ``close_notify`` guards against is one a protocol with framed units
+    detects itself). Our own closes still send ``close_notify``.
+    """
+
+    def __init__(self, tls: trio.SSLStream[trio.abc.Stream]) -> None:
+        self.tls = tls
+        #: What is under it, for the socket's options and addresses.
+        self.transport_stream = tls
+        self._eof = False
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self._eof:
+            await trio.lowlevel.checkpoint()
+            return b""
+        try:
+            return await self.tls.receive_some(max_bytes)
+        except trio.BrokenResourceError as e:
+            if not _ragged_eof(e.__cause__):
+                raise
+            self._eof = True
+            return b""
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        await self.tls.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.tls.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        await self.tls.aclose()
+
+
+def _ragged_eof(error: BaseException | None) -> bool:
+    """The peer closed its socket without ``close_notify`` (and nothing else went wrong)."""
+    return isinstance(error, ssl.SSLEOFError) or (
+        isinstance(error, ssl.SSLError) and error.reason == "UNEXPECTED_EOF_WHILE_READING"
+    )
 
 
 #: ``interchange_tls_handshake_failures_total``'s ``reason``: a bounded set.
