@@ -325,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     # In this order in ``gateway --help``.
     commands = (_add_run, _add_check, _add_plugins, _add_reload, _add_tap, _add_top)
-    for add in (*commands, _add_config, _add_certs, _add_store):
+    for add in (*commands, _add_config, _add_certs, _add_store, _add_completion):
         add(sub)
     return parser
 
@@ -438,6 +438,26 @@ def _add_store(sub: _Subparsers) -> None:
         help="check every checksum; exit status 1 if anything is damaged",
     )
     verify.set_defaults(func=cmd_store_verify)
+
+
+def _add_completion(sub: _Subparsers) -> None:
+    completion = sub.add_parser(
+        "completion",
+        help='print a shell completion script: eval "$(gateway completion bash)"',
+    )
+    completion.add_argument("shell", choices=("bash", "zsh", "tcsh"))
+    completion.set_defaults(func=cmd_completion)
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    """Generate the script from this very parser, so it never lags behind the commands."""
+    try:
+        import shtab
+    except ImportError:
+        print("gateway completion needs the shtab package: pip install shtab", file=sys.stderr)
+        return 1
+    sys.stdout.write(shtab.complete(build_parser(), shell=args.shell))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
