@@ -141,3 +141,23 @@ def test_names_agree_between_pyproject_files_and_the_installed_metadata() -> Non
     assert importlib.metadata.version(CORE_NAME) == gateway.__version__
     installed = importlib.metadata.distribution(PLUGIN_NAME)
     assert {ep.group for ep in installed.entry_points} == {"interchange.protocols"}
+
+
+def _sh_blocks(markdown: str) -> list[str]:
+    """The one-line commands of a document's ```sh blocks."""
+    blocks = markdown.split("```sh\n")[1:]
+    return [line for block in blocks for line in block.split("```")[0].splitlines() if line]
+
+
+def test_ci_runs_the_readmes_test_command_word_for_word() -> None:
+    readme = _sh_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+    test_command = next(c for c in readme if c.startswith("bash .ci/test-deps && "))
+    assert test_command.endswith("&& python -m pytest")
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert f"{test_command} || exit" in ci
+    # The quick start keeps its two commands: install and run, install and test.
+    quick_start = (ROOT / "README.md").read_text(encoding="utf-8").split("## Quick start")[1]
+    setups = [c for c in _sh_blocks(quick_start.split("\n## ")[0]) if "python3 -m venv" in c]
+    assert len(setups) == 2
+    assert setups[0].endswith("&& gateway run")
+    assert setups[1] == test_command
