@@ -183,7 +183,10 @@ def _run(args: argparse.Namespace, target: Target) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.key and not args.cert:
+        parser.error("--key needs --cert: a client key goes with its certificate")
     try:
         ctx = tls_context(args)
     except OSError as e:  # a missing or unreadable file, a key that does not fit

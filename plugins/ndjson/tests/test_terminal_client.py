@@ -155,6 +155,13 @@ def test_a_bad_filter_is_refused_before_connecting(capsys: pytest.CaptureFixture
     assert "invalid filter" in capsys.readouterr().err
 
 
+def test_a_key_without_its_certificate_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit:
+        main(["--key", "me.key", "pub", "events", "x"])
+    assert exit.value.code == 2
+    assert "--key needs --cert" in capsys.readouterr().err
+
+
 async def test_pub_and_sub_over_mtls(tmp_path: Path) -> None:
     certs = init_dir(tmp_path)
     listener = {
