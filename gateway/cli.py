@@ -9,6 +9,7 @@ shutdown had to abandon publishes that had not settled by ``drain_timeout``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -93,10 +94,8 @@ async def _reload(gateway: Gateway) -> None:
     from gateway.ops.reload import ReloadRefused, reload_file
 
     log.info("SIGHUP: reloading %s", gateway.config.path or "the config")
-    try:
-        await reload_file(gateway)
-    except ReloadRefused as e:
-        log.error("reload refused: %s", e)
+    with contextlib.suppress(ReloadRefused):  # logged by reload_file
+        await reload_file(gateway, via="SIGHUP")
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
@@ -392,12 +391,25 @@ def _add_config(sub: _Subparsers) -> None:
         "default", help="the embedded default config as TOML (what `gateway run` uses)"
     )
     default.set_defaults(func=cmd_config_default)
+    schema = config_sub.add_parser(
+        "schema", help="a JSON Schema of the config file (for editors; gateway check decides)"
+    )
+    schema.set_defaults(func=cmd_config_schema)
 
 
 def cmd_config_default(args: argparse.Namespace) -> int:
     from gateway.config.default import default_toml
 
     sys.stdout.write(default_toml())
+    return 0
+
+
+def cmd_config_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from gateway.config.schema import config_schema
+
+    print(json.dumps(config_schema(), indent=2))
     return 0
 
 

@@ -2,15 +2,24 @@
 ``gateway check``.
 
 TLS refusals themselves (the log line, the subject, the metric) are in
-tests/test_tls_failures.py; here, how long a refusal stays a hint.
+tests/test_tls_failures.py; here, how long a refusal stays a hint, the refused
+reloads in the gateway's log, and an unusable ``data_dir``.
 """
 
 from __future__ import annotations
 
-import pytest
+import logging
+from pathlib import Path
 
+import pytest
+import trio
+from test_admin import get
+
+from gateway.cli import _reload as sighup_reload
+from gateway.config.loader import load
 from gateway.ops.status import TLS_HINT_WINDOW, status
 from gateway.ops.view import BudgetView, GatewaySnapshot, ListenerView
+from gateway.runtime.gateway import Gateway
 
 
 def _taken(refusals: int, last_at: float | None) -> GatewaySnapshot:
@@ -60,3 +69,47 @@ def test_a_tls_refusal_is_a_hint_while_it_is_recent(
         "text": "3 TLS handshakes refused since the start; the last 60s ago:"
         " 127.0.0.1:5000 (client certificate CN=rogue): unknown ca: ...",
     }
+
+
+# -- a refused reload is in the gateway's log, however it was asked for -----------------
+
+GOOD = """
+[gateway]
+drain_timeout = "2s"
+[admin]
+bind = "127.0.0.1:0"
+[[listeners]]
+name = "nd"
+protocol = "ndjson"
+bind = "127.0.0.1:0"
+"""
+
+
+def _refusals(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+async def test_a_refused_reload_is_one_warning_whichever_way_it_came(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    path = tmp_path / "gw.toml"
+    path.write_text(GOOD)
+    gw = Gateway(load(path))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(gw.run)
+        path.write_text(GOOD + "bogus_key = 1\n")
+        reply = await get(gw, "/api/reload", "POST")  # what `gateway reload` sends
+        assert reply.json()["reloaded"] is False
+        [line] = _refusals(caplog)
+        assert (line.name, line.levelno) == ("gateway.reload", logging.WARNING)
+        assert line.getMessage().startswith("reload (POST /api/reload) refused: ")
+        assert f"{path} has errors" in line.getMessage()
+        assert "bogus_key" in line.getMessage()
+        caplog.clear()
+        await sighup_reload(gw)
+        [line] = _refusals(caplog)
+        assert line.levelno == logging.WARNING
+        assert line.getMessage().startswith("reload (SIGHUP) refused: ")
+        assert "bogus_key" in line.getMessage()
+        gw.shutdown()

@@ -144,7 +144,7 @@ def _reload(reloader: Reloadable) -> Response:
 
     async def run(write: Write) -> None:
         try:
-            summary = await reload_file(reloader)
+            summary = await reload_file(reloader, via="POST /api/reload")
         except ReloadRefused as e:
             await write(orjson.dumps({"reloaded": False, "error": str(e)}) + b"\n")
         else:

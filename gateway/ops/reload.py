@@ -22,6 +22,7 @@ compared with the running one, entry by entry, by name:
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,6 +31,8 @@ from gateway.config.loader import Config, ConfigError
 from gateway.protocol.plugin import ListenerSettings, UpstreamSettings
 
 __all__ = ["Plan", "ReloadRefused", "Reloadable", "plan", "reload_file"]
+
+log = logging.getLogger("gateway.reload")
 
 
 class ReloadRefused(Exception):
@@ -175,14 +178,25 @@ class Reloadable(Protocol):
         ...
 
 
-async def reload_file(target: Reloadable) -> str:
+async def reload_file(target: Reloadable, via: str = "reload") -> str:
     """Re-read the running gateway's config file, check it, apply it; what changed.
 
     Raises :class:`ReloadRefused` with the reason: no file (the embedded
     default), a config error (every problem, one a line, each naming the key
     and the file), or a change that needs a restart. The running config
-    stays in every one of these cases.
+    stays in every one of these cases, and the refusal is logged here, as one
+    WARNING of ``gateway.reload`` saying how the reload was asked for
+    (``via``: ``SIGHUP``, ``POST /api/reload``), so the gateway's own log has
+    it whoever asked (``gateway reload`` prints it only on its own terminal).
     """
+    try:
+        return await _reload_file(target)
+    except ReloadRefused as e:
+        log.warning("reload (%s) refused: %s", via, e)
+        raise
+
+
+async def _reload_file(target: Reloadable) -> str:
     path = target.config_path
     if path is None:
         raise ReloadRefused("running the embedded default config: there is no file to re-read")
