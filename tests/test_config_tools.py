@@ -1,19 +1,26 @@
-"""``gateway config default`` and ``gateway completion``: the config as a file an
-operator can start from, and the commands as their shell completes them."""
+"""``gateway config default``, ``gateway config schema`` and ``gateway completion``:
+the config as a file to start from and a schema to check against, and the
+commands as the shell completes them."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gateway.cli import build_parser, main
 from gateway.config.default import to_toml
-from gateway.config.loader import default_config, load
+from gateway.config.loader import ConfigError, default_config, default_data, load, parse
+from gateway.config.schema import DURATION_PATTERN, SIZE_PATTERN, config_schema
+from gateway.config.units import parse_duration, parse_size
+from gateway.runtime.registry import default_registry
 
 
 def _print_default(capsys: pytest.CaptureFixture[str]) -> str:
@@ -44,8 +51,6 @@ def test_the_printed_default_loads_to_the_embedded_default(
 
 
 def test_to_toml_writes_what_tomllib_reads_back() -> None:
-    import tomllib
-
     data = {
         "gateway": {"data_dir": 'a "quoted"\npath', "drain_timeout": 2.5, "flag": True},
         "listeners": [{"name": "x", "hosts": ["a", "b"], "opts": {"k.y": 1}}],
@@ -95,3 +100,69 @@ def test_bash_completes_a_subcommand(tmp_path: Path, capsys: pytest.CaptureFixtu
     )
     result = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["inspect", "verify"]
+
+
+# --- gateway config schema -----------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _validator() -> Any:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = config_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _errors(data: dict[str, Any]) -> list[str]:
+    return [e.message for e in _validator().iter_errors(data)]
+
+
+def test_the_schema_command_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "schema"]) == 0
+    assert json.loads(capsys.readouterr().out) == config_schema()
+
+
+def test_the_schema_accepts_the_embedded_default() -> None:
+    assert _errors(default_data(default_registry())) == []
+
+
+@pytest.mark.parametrize(
+    "path", sorted(EXAMPLES.rglob("*.toml")), ids=lambda p: str(p.relative_to(EXAMPLES))
+)
+def test_the_schema_accepts_every_example(path: Path) -> None:
+    assert _errors(tomllib.loads(path.read_text(encoding="utf-8"))) == []
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"gateway": {"data_dri": "data"}},
+        {"listners": []},
+        {"listeners": [{"name": "a", "protocol": "ndjson", "bind": ":1", "max_lien": "1MiB"}]},
+        {"listeners": [{"name": "a", "protocol": "ttrpc", "bind": ":1", "services": [{"x": 1}]}]},
+        {"destinations": [{"name": "d", "kind": "log"}]},
+        {"store": {"fsync_interval": "soon"}},
+        {"upstreams": [{"name": "u", "protocol": "nosuch", "connect": "h:1"}]},
+    ],
+    ids=["typo", "top-level", "plugin-option", "nested-table", "choice", "duration", "protocol"],
+)
+def test_the_schema_refuses_what_check_refuses(data: dict[str, Any]) -> None:
+    assert _errors(data)
+    with pytest.raises(ConfigError):
+        parse(data)
+
+
+def test_a_protocol_option_is_accepted_only_for_its_protocol() -> None:
+    entry = {"name": "a", "bind": "127.0.0.1:1", "max_line": "1MiB"}
+    assert _errors({"listeners": [{**entry, "protocol": "ndjson"}]}) == []
+    assert _errors({"listeners": [{**entry, "protocol": "lumberjack"}]})
+
+
+@pytest.mark.parametrize(
+    ("kind", "text"), [("duration", "500ms"), ("duration", "1.5 h"), ("size", "64MiB")]
+)
+def test_the_unit_patterns_match_what_the_loader_parses(kind: str, text: str) -> None:
+    pattern = DURATION_PATTERN if kind == "duration" else SIZE_PATTERN
+    assert re.match(pattern, text)
+    assert (parse_duration if kind == "duration" else parse_size)(text) > 0
