@@ -25,7 +25,7 @@ def toml_configs() -> list[tuple[str, str]]:
 
 #: The comment, on the line right before a ```python block, that says how the
 #: docs' test treats it (see tests/test_docs_examples.py).
-MARK = re.compile(r"<!-- (fragment|tested elsewhere: (\S+)) -->\s*$")
+MARK = re.compile(r"<!-- (fragment|continues|(?:tested elsewhere|run-by): (\S+)) -->\s*$")
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ class PythonExample:
     #: ``file#index`` (the index counts the file's python blocks from 0).
     where: str
     code: str
-    #: ``"run"`` (no mark), ``"fragment"`` (compiled only) or ``"elsewhere"``.
+    #: ``"run"`` (no mark, or ``continues``: then ``code`` starts with the code of
+    #: the block before it), ``"fragment"`` (compiled only) or ``"elsewhere"``.
     mode: str
     #: For ``"elsewhere"``: the test file (relative to the repository) that runs it.
     tested_by: str | None = None
@@ -53,7 +54,12 @@ def python_examples() -> list[PythonExample]:
             code = re.sub(rf"^ {{{indent}}}", "", body, flags=re.M) if indent else body
             mark = MARK.search(text[max(0, start - 200) : start])
             mode, tested_by = "run", None
-            if mark is not None:
+            if mark is not None and mark.group(1) == "continues":
+                before = found[-1] if found else None
+                if before is None or before.mode != "run" or i == 0:
+                    raise ValueError(f"{doc.name}: a block continues one that does not run")
+                code = before.code + "\n" + code
+            elif mark is not None:
                 mode = "fragment" if mark.group(1) == "fragment" else "elsewhere"
                 tested_by = mark.group(2)
             found.append(PythonExample(f"{doc.relative_to(ROOT)}#{i}", code, mode, tested_by))

@@ -9,7 +9,10 @@
   - ``<!-- fragment -->``: an excerpt (a method out of its class, a client that
     needs a server, a server that runs for ever): compiled only;
   - ``<!-- tested elsewhere: tests/PATH.py -->``: a test there runs it with
-    what it needs; this test checks that the file exists and reads the doc.
+    what it needs; this test checks that the file exists and reads the doc
+    (``<!-- run-by: tests/PATH.py -->`` is the same);
+  - ``<!-- continues -->``: it goes on from the block before it (which runs
+    too), as a client after its server: the two run as one program.
 
   A block without a mark must run as it is written: importing only what it
   imports, defining what it uses.
