@@ -1,5 +1,5 @@
 """The deployment files: the systemd unit and its sample config, the Dockerfile
-and the container's config.
+and the container's config, the Grafana dashboard.
 
 No container engine can build the image here (no daemon, and base images come
 from a registry this machine does not reach), so the Dockerfile is parsed and
@@ -9,6 +9,8 @@ The unit is checked by ``systemd-analyze verify`` where systemd is installed.
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import host_port, running_gateway
+from interchange_ndjson.client import NdjsonClient
+from prometheus_client.parser import text_string_to_metric_families
+from test_metrics_endpoint import http_request
 
 from gateway.config.loader import default_data, load
 from gateway.runtime.registry import default_registry
@@ -181,3 +187,76 @@ def test_the_container_config_is_the_embedded_default_on_all_interfaces() -> Non
     binds += [container["admin"]["bind"], container["metrics"]["bind"]]
     assert all(bind.startswith("*:") for bind in binds)
     assert load(CONTAINER_CONFIG).listeners
+
+
+# --- the Grafana dashboard -------------------------------------------------------
+
+DASHBOARD = ROOT / "examples" / "grafana" / "interchange.json"
+#: A metric name in a PromQL expression (the dashboard queries only these prefixes).
+_METRIC = re.compile(r"\b((?:interchange|process)_[a-z0-9_]+)\b")
+_SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
+
+
+def _queries() -> list[str]:
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    return [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+
+
+def test_the_dashboard_covers_what_operators_watch() -> None:
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    names = {m for expr in _queries() for m in _METRIC.findall(expr)}
+    for family in (
+        "interchange_messages_received_total",
+        "interchange_messages_sent_total",
+        "interchange_destination_messages_in_total",
+        "interchange_destination_messages_out_total",
+        "interchange_publishes_total",
+        "interchange_destination_backlog_messages",
+        "interchange_memory_used_bytes",
+        "interchange_connections_open",
+        "interchange_tls_handshake_failures_total",
+        "interchange_store_disk_free_bytes",
+    ):
+        assert family in names
+    assert all('instance=~"$instance"' in expr for expr in _queries())
+
+
+def _exported(body: str) -> set[str]:
+    """Every family and sample name a /metrics page declares (a family with no
+    samples yet still has its # TYPE line)."""
+    names: set[str] = set()
+    for family in text_string_to_metric_families(body):
+        names.add(family.name)
+        names.update(sample.name for sample in family.samples)
+    return names
+
+
+def _served(name: str, exported: set[str]) -> bool:
+    if name in exported:
+        return True
+    return any(name.endswith(s) and name[: -len(s)] in exported for s in _SUFFIXES)
+
+
+async def test_every_metric_in_the_dashboard_is_served_by_a_gateway(tmp_path: Path) -> None:
+    config = {
+        "gateway": {"data_dir": str(tmp_path / "data")},
+        "metrics": {"bind": "127.0.0.1:0"},
+        "listeners": [
+            {"name": "nd", "protocol": "ndjson", "bind": "127.0.0.1:0", "destination": "logs"}
+        ],
+        "upstreams": [{"name": "up", "protocol": "ndjson", "connect": "127.0.0.1:9"}],
+        "destinations": [{"name": "logs", "store": "embedded"}],
+    }
+    async with running_gateway(config) as gw:
+        client = await NdjsonClient.connect(*host_port(gw.addresses["nd"][0]))
+        await client.publish(b"hello", "logs")
+        reply = await http_request(gw.metrics_addresses[0])
+        await client.aclose()
+    assert reply.status == 200
+    exported = _exported(reply.body.decode("utf-8"))
+    names = {m for expr in _queries() for m in _METRIC.findall(expr)}
+    missing = sorted(name for name in names if not _served(name, exported))
+    assert missing == []
+    assert not _served("interchange_no_such_family_total", exported)
