@@ -147,11 +147,27 @@ def _warn_about(config: Config) -> None:
 
 def _log_failure(gateway: Gateway | None, error: BaseException) -> None:
     """``cannot start`` for what failed before the gateway served, ``stopped`` after."""
+    what = _about_data_dir(gateway.config, error) if gateway is not None else None
     if gateway is None or gateway.serving_since is None:
-        log.error("cannot start: %s", error)
+        log.error("cannot start: %s", what or error)
     else:
         running = time.time() - gateway.serving_since
-        log.error("stopped by an error after %.0fs of serving: %s", running, error)
+        log.error("stopped by an error after %.0fs of serving: %s", running, what or error)
+
+
+def _about_data_dir(config: Config, error: BaseException) -> str | None:
+    """A file error under ``data_dir``, naming the config file and the key (else None).
+
+    ``gateway check`` probes ``data_dir``; this says the same when something
+    under it fails later (a ``store`` that is a file, a disk gone read-only).
+    """
+    if not isinstance(error, OSError) or not error.filename:
+        return None
+    filename = Path(os.fsdecode(error.filename))
+    if not filename.is_relative_to(config.gateway.data_dir):
+        return None
+    source = config.path or "the embedded default config"
+    return f"{source}: gateway.data_dir: cannot use '{filename}': {error.strerror or error}"
 
 
 async def _run(gateway: Gateway) -> None:

@@ -16,6 +16,7 @@ import trio
 from test_admin import get
 
 from gateway.cli import _reload as sighup_reload
+from gateway.cli import main
 from gateway.config.loader import load
 from gateway.ops.status import TLS_HINT_WINDOW, status
 from gateway.ops.view import BudgetView, GatewaySnapshot, ListenerView
@@ -113,3 +114,63 @@ async def test_a_refused_reload_is_one_warning_whichever_way_it_came(
         assert line.getMessage().startswith("reload (SIGHUP) refused: ")
         assert "bogus_key" in line.getMessage()
         gw.shutdown()
+
+
+# -- data_dir: checked by `gateway check` and at start, with the file and the key ------
+
+
+def _durable(path: Path, data_dir: str) -> Path:
+    """A config with a durable destination (so the gateway needs its data_dir)."""
+    path.write_text(
+        f'[gateway]\ndata_dir = "{data_dir}"\n'
+        '[[destinations]]\nname = "jobs"\nkind = "queue"\nstore = "embedded"\n'
+    )
+    return path
+
+
+def test_check_refuses_a_data_dir_that_cannot_be_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _durable(tmp_path / "gw.toml", "/proc/interchange")
+    assert main(["check", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"{path}: gateway.data_dir: cannot create '/proc/interchange': " in err
+    assert main(["run", str(path)]) == 1  # start-up says the same, before anything runs
+    assert f"{path}: gateway.data_dir: cannot create '/proc/interchange': " in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.parametrize("data_dir", ["file", "file/below"])
+def test_check_refuses_a_data_dir_under_or_at_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], data_dir: str
+) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    path = _durable(tmp_path / "gw.toml", str(tmp_path / data_dir))
+    assert main(["check", str(path)]) == 1
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_check_creates_nothing_and_ignores_a_data_dir_nobody_needs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _durable(tmp_path / "gw.toml", str(tmp_path / "not" / "yet"))
+    assert main(["check", str(path)]) == 0
+    assert not (tmp_path / "not").exists()
+    assert list(tmp_path.iterdir()) == [path]  # the probe left nothing behind
+    path.write_text('[gateway]\ndata_dir = "/proc/interchange"\n')  # no durable destination
+    assert main(["check", str(path)]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+def test_a_data_dir_that_fails_at_start_is_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the probe cannot foresee (here ``store`` is a file) still names the key."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "store").write_text("in the way")
+    path = _durable(tmp_path / "gw.toml", str(tmp_path / "data"))
+    assert main(["run", str(path)]) == 1
+    [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert line.startswith(f"cannot start: {path}: gateway.data_dir: cannot use '")
+    assert str(tmp_path / "data" / "store") in line

@@ -3,14 +3,19 @@
 Every error names the file and the key path (``listeners[0].tls.cert``), and
 all errors of a file are reported together. Unknown keys are errors, so a
 typo never silently falls back to a default. Relative paths are resolved
-against the config file's folder. Nothing here binds or connects.
+against the config file's folder. Nothing here binds or connects; files the
+config names are read (TLS certificates), and a ``data_dir`` the config needs
+is probed (see :func:`data_dir_problem`), so that ``gateway check`` finds what
+start-up would.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import os
 import re
+import tempfile
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,7 +33,15 @@ from gateway.runtime.catalog import DestinationSpec
 from gateway.runtime.registry import Registry, default_registry
 from gateway.transports.base import TlsClientSettings, TlsServerSettings
 
-__all__ = ["Config", "ConfigError", "GatewaySettings", "default_config", "load", "parse"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "GatewaySettings",
+    "data_dir_problem",
+    "default_config",
+    "load",
+    "parse",
+]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 _REQUIRED = REQUIRED
@@ -356,6 +369,10 @@ def parse(
     store = _store(root)
     destinations = _destinations(root, gateway.limits, store)
     metrics, admin = _endpoints(root, registry, listeners)
+    if _needs_data_dir(destinations, [ls for _, ls in listeners], registry):
+        problem = data_dir_problem(gateway.data_dir)
+        if problem is not None:
+            errors.add("gateway.data_dir", problem)
     root.finish(
         "top-level tables are gateway, store, metrics, admin, listeners, upstreams, routes"
         " and destinations"
@@ -391,6 +408,50 @@ def _gateway(root: _Table, base: Path) -> GatewaySettings:
     )
     gw.finish()
     return gateway
+
+
+def _needs_data_dir(
+    destinations: list[DestinationSpec], listeners: list[ListenerSettings], registry: Registry
+) -> bool:
+    """The gateway will open its store: a durable destination, or a protocol that
+    stores segments (the same test as the runtime's)."""
+    if any(d.store for d in destinations):
+        return True
+    for ls in listeners:
+        try:
+            if registry.protocol(ls.protocol).needs_store:
+                return True
+        except LookupError:
+            continue  # reported with the listener
+    return False
+
+
+def data_dir_problem(path: Path) -> str | None:
+    """Why the gateway could not create ``path`` or write in it (None: it can).
+
+    Probed, not assumed (a root process passes every permission check, yet
+    cannot create a directory under ``/proc`` or on a read-only mount): a
+    temporary file in ``path`` if it exists, else a temporary directory in
+    its nearest existing parent, each removed at once. ``path`` itself is
+    not created.
+    """
+    existing = path
+    while not os.path.lexists(existing) and existing.parent != existing:
+        existing = existing.parent
+    try:
+        if existing == path:
+            if not path.is_dir():
+                return f"'{path}' is not a directory"
+            with tempfile.TemporaryFile(dir=path, prefix=".interchange-check-"):
+                pass
+            return None
+        if not existing.is_dir():
+            return f"cannot create '{path}': '{existing}' is not a directory"
+        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".interchange-check-"))
+    except OSError as e:
+        verb = "write in" if existing == path else "create"
+        return f"cannot {verb} '{path}': {e.strerror or e}"
+    return None
 
 
 def _limits(gw: _Table) -> HubLimits:
