@@ -171,6 +171,50 @@ def test_every_file_the_dockerfile_copies_exists_and_is_not_ignored() -> None:
         assert source.split("/")[0] not in ignored
 
 
+def _build_stage() -> tuple[list[tuple[str, str]], str]:
+    """The first stage's COPYs (source, destination) and its ``pip wheel`` command."""
+    instructions = _instructions()
+    second = [n for n, i in enumerate(instructions) if i["instruction"] == "FROM"][1]
+    copies: list[tuple[str, str]] = []
+    command = ""
+    for i in instructions[:second]:
+        if i["instruction"] == "COPY":
+            *sources, target = i["value"].split()
+            copies.extend((source, target) for source in sources)
+        elif i["instruction"] == "RUN" and "pip wheel" in i["value"]:
+            command = i["value"]
+    return copies, command
+
+
+@pytest.mark.slow
+def test_what_the_build_stage_copies_is_enough_to_build_the_wheels(tmp_path: Path) -> None:
+    """As the image's first stage does, without its dependencies (PyPI's own wheels)."""
+    copies, command = _build_stage()
+    assert "--wheel-dir /wheels" in command
+    context = tmp_path / "src"
+    context.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "tests")
+    for source, target in copies:
+        origin, into = ROOT / source, context / target
+        if origin.is_dir():
+            shutil.copytree(origin, into, ignore=ignore)
+        else:
+            dest = into / origin.name if target.endswith("/") else into
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(origin, dest)
+    projects = command.split("/wheels", 1)[1].split()
+    wheels = tmp_path / "wheels"
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir"]
+    subprocess.run(
+        [*pip_wheel, str(wheels), *projects],
+        cwd=context,
+        check=True,
+        timeout=300,
+    )
+    built = sorted(p.name for p in wheels.glob("*.whl"))
+    assert len(built) == len(projects), built
+
+
 def _listeners(data: dict[str, Any]) -> dict[str, tuple[str, str, str | None]]:
     return {
         item["name"]: (item["protocol"], item["bind"].rsplit(":", 1)[1], item.get("destination"))
