@@ -299,12 +299,75 @@ class ServerCodec(Lifecycle):
         self._carry_need = 0
         #: Bytes inflated from ``C`` frames so far (for metrics).
         self.inflated_bytes = 0
+        #: Events of the window being received that arrived before the ``C`` frame
+        #: being inflated: only those may be taken (:meth:`take_part`).
+        self._c_mark = 0
+        #: Events of the window being received already taken as parts, and the
+        #: highest sequence among them (later events must be above it).
+        self._taken = 0
+        self._floor = 0
 
     @property
     def in_window(self) -> bool:
         """True while a window or a frame is partly received (time it out)."""
         return self._state is _OPEN and (
             self._remaining > 0 or len(self._buffer) > 0 or self._inflater is not None
+        )
+
+    @property
+    def part_ready(self) -> int:
+        """Events of the unfinished window that :meth:`take_part` would take now: those
+        received outside a ``C`` frame still arriving (0 while no window is unfinished)."""
+        if not self._remaining or self._ready:
+            return 0
+        return len(self._events) if self._inflater is None else self._c_mark
+
+    @property
+    def window_progress(self) -> tuple[int, int, int] | None:
+        """``(size, arrived, taken)`` of the unfinished window, None if none is: its
+        announced size, the events received of it (those of a ``C`` frame still
+        arriving included) and how many were taken as parts."""
+        if not self._remaining:
+            return None
+        return self._win_size, self._win_size - self._remaining, self._taken
+
+    def take_part(self) -> Window | None:
+        """The events received so far of the unfinished window, as a part of it.
+
+        For a slow writer: its window is published in parts, each acked with its
+        highest sequence once safe (acks are cumulative), instead of waiting for
+        the whole. The part is a :class:`Window` with ``part=True``, answered like
+        any returned window (:meth:`send`); the rest of the window comes later
+        (``highest_seq`` of the whole). Events inside a ``C`` frame still arriving
+        are not taken (they are not received until it has ended and checked out),
+        nor anything while a parsed window waits to be returned. None when there
+        is nothing to take.
+        """
+        count = self.part_ready
+        if not count or self._state is not _OPEN:
+            return None
+        events = self._events
+        taken, rest = (events, []) if count == len(events) else (events[:count], events[count:])
+        highest = max(map(_SEQ, taken))
+        if self._floor and min(map(_SEQ, taken)) <= self._floor:
+            self._fail(self._not_rising())
+        held = (self._window_bytes + self._overhead) * count // len(events)
+        share_bytes = self._window_bytes * count // len(events)
+        self._window_bytes -= share_bytes
+        self._overhead -= held - share_bytes
+        self._events = rest
+        if self._inflater is not None:
+            self._c_mark -= count
+        self._taken += count
+        self._floor = highest
+        version = self._win_version - 0x30
+        self._awaiting.append((version, highest))
+        return Window(version, self._win_size, taken, highest, False, held, part=True)
+
+    def _not_rising(self) -> RemoteProtocolError:
+        return RemoteProtocolError(
+            f"event sequence numbers of a window must rise once part of it was acked"
+            f" (up to {self._floor})"
         )
 
     @property
@@ -364,6 +427,7 @@ class ServerCodec(Lifecycle):
         self._end_stream()
         self._ready.clear()
         self._ready_bytes = self._unchecked = 0
+        self._taken = self._floor = self._c_mark = 0
 
     # -- output ---------------------------------------------------------------
     def send(self, event: Ack) -> bytes:
@@ -596,6 +660,7 @@ class ServerCodec(Lifecycle):
     def _start_stream(self, size: int) -> None:
         """A ``C`` frame's header at the top: inflate its bytes as they arrive."""
         self._check_compressed(size, 0)
+        self._c_mark = len(self._events)
         self._inflater = _inflating.decompressobj()
         self._c_size = self._c_left = size
         self._c_bound = self._inflation_bound(size)
@@ -751,12 +816,17 @@ class ServerCodec(Lifecycle):
         """The window being received is ready: whole, or cut short by a new ``W``."""
         version = self._win_version - 0x30
         held = self._window_bytes + self._overhead
+        if self._floor:  # parts of it were taken: the rest must come after them
+            if self._events and min(map(_SEQ, self._events)) <= self._floor:
+                raise self._not_rising()
+            self._taken = self._floor = 0
         self._ready.append(
             Window(version, self._win_size, self._events, self._highest, complete, held)
         )
         self._ready_bytes += held
         if self._inflater is not None:
             self._unchecked += 1
+            self._c_mark = 0
         self._events = []
         self._window_bytes = self._overhead = 0
         self._remaining = 0

@@ -49,6 +49,10 @@ class Window(Event):
     #: Bytes the window holds as allocated (its frame bytes and the objects of its
     #: events), as the codec charged them while it was received; 0 if not counted.
     held: int = field(default=0, compare=False, repr=False)
+    #: True for the events received so far of a window still arriving, taken after
+    #: a linger (:meth:`~protocols.lumberjack.codec.ServerCodec.take_part`): acked
+    #: with ``highest_seq`` like a window, and more of the same window follows.
+    part: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,6 +74,9 @@ class LumberjackPlugin(ProtocolPlugin):
             "duration", 30.0, "time for the rest of a started window to arrive (0: none)"
         ),
         "max_pending_windows": Option("int", 4, "unacked windows before reading pauses", 1),
+        "partial_after": Option(
+            "duration", 1.0, "publish and ack a trickling window's events after this (0: off)", 0.0
+        ),
     }
     upstream_options = {
         "bulk_max_size": Option("int", 2048, "events per window", 1),
@@ -107,6 +110,7 @@ class LumberjackPlugin(ProtocolPlugin):
             keepalive=o["keepalive"],
             max_pending_windows=o["max_pending_windows"],
             window_timeout=o["window_timeout"],
+            partial_after=o["partial_after"],
         )
         field = o["destination_field"]
         validate = o["validate_json"]

@@ -12,6 +12,15 @@ goes out every ``keepalive`` seconds, in that window's version, so clients'
 fails, or that never arrived whole, is never acked: the connection is closed
 and the client resends it.
 
+Slow writers: a window left partly received after a read arms a linger
+(``partial_after``); once the events received of it have waited that long,
+they are handed to the sink as one part (``Window.part``) and acked with
+their highest sequence once its receipt settles delivered (acks are
+cumulative), in order with the other answers; the rest of the window is
+acked when it is safe too. A window that arrives whole in one read arms
+nothing. Keepalives repeat the last sequence acked of the waiting window
+(``A 0`` while none was).
+
 Backpressure: the reader stops reading while ``max_pending_windows`` windows
 are unacked, or while the sink is waiting (the hub is full). Keepalives go on.
 """
@@ -58,6 +67,9 @@ class ServerSettings:
     window_timeout: float = 30.0
     #: An ack that cannot be written within this closes the connection.
     write_timeout: float = 30.0
+    #: Events of an unfinished window that waited this long are published (and
+    #: acked once safe) as a part of it (0: windows are published whole only).
+    partial_after: float = 1.0
 
 
 class ServerSession(Session):
@@ -90,20 +102,68 @@ class ServerSession(Session):
         self.sink = sink
         self.metrics = metrics or ServerMetrics()
         self._inflated = 0
+        self.partial_after = settings.partial_after
+        #: When events of the unfinished window started waiting (None: none wait).
+        self._part_since: float | None = None
+        self._part_armed = trio.lowlevel.ParkingLot()
+        self._part_task = False
+        #: A window is in the reader's hands (parts may not be taken before it) ...
+        self._handling = False
+        #: ... or a part in the sink's (the reader's next window waits for it, so that
+        #: the hub gets them in order).
+        self._part_in_sink = False
+        self._part_handed = trio.lowlevel.ParkingLot()
+        #: Parts of the unfinished window: their count of events acked, by window
+        #: number (the number moves on with each window that was published in parts).
+        self._window_no = 0
+        self._parted = False
+        self._part_floor = 0
+        self._part_acked = 0
+        self._unfinished: tuple[int, int, int] | None = None
 
     def ended_by(self, error: Exception) -> None:
         if not isinstance(error, NotKept):  # refused windows are counted as they are refused
             self.metrics.protocol_errors.inc()
+        if isinstance(error, trio.TooSlowError) and self._unfinished is not None:
+            # Say how much of the window arrived, not only that it did not finish.
+            size, arrived, taken = self._unfinished
+            error.args = (
+                f"window of {size} events: {arrived} arrived, {taken} published,"
+                f" {self._part_acked} acked, then not finished within"
+                f" {self.unit_timeout:g}s of its start",
+            )
 
     async def handle(self, window: Window) -> None:
         self._count_inflated()  # per window too: a protocol error later in the read loses none
         self.metrics.windows.inc()
         if window.events:
             self.metrics.events.inc(len(window.events))
-        # The keepalive "A 0" says "nothing of this window acked yet", which is a lie
-        # for a window whose highest sequence is 0: such a window gets none.
+        self._handling = True
+        try:
+            while self._part_in_sink:
+                await self._part_handed.park()
+            await self._submit(window, self._whole())
+        finally:
+            self._handling = False
+
+    def _whole(self) -> int:
+        """A window is whole: the highest sequence of its parts (0: none), and the
+        next window gets a new number if this one had parts."""
+        if not self._parted:
+            return 0
+        self._parted = False
+        self._window_no += 1
+        self._part_acked = 0
+        return self._part_floor
+
+    async def _submit(self, window: Window, acked: int) -> None:
+        # The keepalive repeats the last sequence acked of this window ("A 0": nothing
+        # yet), which is a lie for a window whose highest sequence is not above it:
+        # such a window gets none.
         keepalive = (
-            functools.partial(self._keepalive, window.version) if window.highest_seq else None
+            functools.partial(self._keepalive, window.version, acked)
+            if window.highest_seq > acked
+            else None
         )
         # The answer keeps what the ack needs, not the window: its events are freed
         # once the sink has handed them off.
@@ -111,30 +171,101 @@ class ServerSession(Session):
             self._answer,
             (window.version, window.highest_seq, len(window.events)),
             trio.current_time(),
+            self._window_no if window.part else -1,
         )
         await self.submit(functools.partial(self.sink, window), answer, keepalive)
 
-    def _answer(self, window: tuple[int, int, int], received_at: float, receipt: Receipt) -> bytes:
+    def _answer(
+        self, window: tuple[int, int, int], received_at: float, part_of: int, receipt: Receipt
+    ) -> bytes:
         version, highest_seq, count = window
         if receipt.outcome is not Outcome.DELIVERED:
             self.metrics.refused_windows.inc()
             raise _NotAccepted(count, highest_seq, receipt)
         # Counted as the ack goes out, so that whoever reads it sees it counted.
         self.metrics.ack_latency.observe(trio.current_time() - received_at)
+        if part_of == self._window_no:
+            self._part_acked += count
         return self.codec.send(Ack(version, highest_seq))
 
-    def _keepalive(self, version: int) -> bytes:
-        # The last sequence acked *in the waiting window*: always 0, as windows are
-        # acked whole. Repeating the previous window's highest sequence would read,
-        # to a client whose sequences restart at 1 (Beats), as an ack of this
+    def _keepalive(self, version: int, acked: int) -> bytes:
+        # The last sequence acked *in the waiting window*: 0, or the highest of its
+        # parts already acked. Repeating the previous window's highest sequence would
+        # read, to a client whose sequences restart at 1 (Beats), as an ack of this
         # window before it is safe.
         self.metrics.keepalives.inc()
-        return self.codec.send(Ack(version, 0))
+        return self.codec.send(Ack(version, acked))
+
+    # -- a slow writer's window, in parts ------------------------------------------------
+    def _arm_part(self) -> None:
+        """After a read: events of an unfinished window wait; publish them after the
+        linger unless the window is whole by then."""
+        if not self.codec.part_ready:
+            self._part_since = None
+            return
+        if self._part_since is not None:
+            return
+        self._part_since = trio.current_time()
+        if not self._part_task:
+            self._part_task = True
+            self.nursery.start_soon(self._publish_parts)
+        elif self._part_armed:
+            self._part_armed.unpark_all()
+
+    async def _publish_parts(self) -> None:
+        """One task per session, started by the first window left partly received."""
+        while True:
+            since = self._part_since
+            if since is None:
+                await self._part_armed.park()
+                continue
+            due = since + self.partial_after
+            if trio.current_time() < due:
+                await trio.sleep_until(due)
+                continue
+            if not self.partial_after:
+                return
+            if self._handling or self.answers.full:
+                # A window in the reader's hands goes first, and a part needs room
+                # among the answers. Time held up by our own backpressure does not
+                # count: the linger starts again, so that a writer that is not slow
+                # (whose rest waits in the socket) is not cut into parts.
+                self._part_since = trio.current_time()
+                await trio.sleep(min(0.1, self.partial_after))
+                continue
+            self._part_since = None
+            window = self.codec.take_part()
+            if window is None:
+                continue
+            await self._submit_part(window)
+
+    async def _submit_part(self, window: Window) -> None:
+        acked = self._part_floor if self._parted else 0
+        self._parted = True
+        self._part_floor = window.highest_seq
+        self.metrics.events.inc(len(window.events))
+        self._part_in_sink = True
+        try:
+            await self._submit(window, acked)
+        finally:
+            self._part_in_sink = False
+            self._part_handed.unpark_all()
 
     def partial(self) -> bool:
         return self.codec.in_window
 
+    def draining(self) -> None:
+        super().draining()
+        self._stop_parts()
+
+    def _stop_parts(self) -> None:
+        """No more parts: the gateway drains, or the peer closed its side (a window it
+        left unfinished is dropped whole; what was acked of it stays acked)."""
+        self.partial_after = 0
+        self._part_since = None
+
     def finished(self) -> None:
+        self._unfinished = self.codec.window_progress
         self.codec.discard()
 
     def useful(self, window: Window) -> bool:
@@ -143,11 +274,14 @@ class ServerSession(Session):
 
     def received(self) -> None:
         self._count_inflated()
+        if self.partial_after:
+            self._arm_part()
 
     def end_of_input(self) -> None:
         # The client closed its side: what is in flight still gets its ack (a
         # half-read window is dropped, unacked).
         self._count_inflated()
+        self._stop_parts()
 
     def _count_inflated(self) -> None:
         inflated = self.codec.inflated_bytes

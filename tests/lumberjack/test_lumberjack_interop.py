@@ -4,17 +4,18 @@
 windows whose sequence numbers keep running across windows, over TCP and over
 mutual TLS. The npm package ``lumberjack-protocol`` (a v1 client: ``1W`` once,
 then a stream of ``1D`` frames, TLS only, asserting every ack is ``1A``) is
-installed into a temporary folder and driven by a small node script when
-``node`` and ``npm`` are available; otherwise that test is skipped.
+installed by ``.ci/test-deps`` into ``tests/lumberjack/npm`` and driven by a
+small node script; without ``node`` or the package those tests fail, naming
+what is missing, unless ``INTERCHANGE_SKIP_NODE=1`` skips them.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import ssl
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -206,31 +207,22 @@ setTimeout(() => finish(3, {error: 'timeout'}), 15000);
 """
 
 
+#: Where .ci/test-deps installs the npm client (its package.json pins the version).
+NPM_FOLDER = Path(__file__).parent / "npm"
+
+
 @pytest.fixture(scope="module")
-def npm_lumberjack(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder holding node_modules/lumberjack-protocol@1.0.7 and the driver script."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("node and npm are needed for the lumberjack-protocol interop test")
-    folder = tmp_path_factory.mktemp("npm-lumberjack")
-    try:
-        subprocess.run(
-            [
-                "npm",
-                "install",
-                "--prefix",
-                str(folder),
-                "--no-audit",
-                "--no-fund",
-                "lumberjack-protocol@1.0.7",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-    except (subprocess.SubprocessError, OSError) as e:
-        pytest.skip(f"cannot install lumberjack-protocol@1.0.7 from npm: {e}")
-    (folder / "send.js").write_text(NODE_SCRIPT)
-    return folder
+def npm_lumberjack() -> Path:
+    """A folder holding the driver script beside node_modules/lumberjack-protocol."""
+    if os.environ.get("INTERCHANGE_SKIP_NODE") == "1":
+        pytest.skip("INTERCHANGE_SKIP_NODE=1: the npm lumberjack-protocol tests are skipped")
+    if shutil.which("node") is None:
+        pytest.fail("node is needed for the npm lumberjack-protocol tests: run .ci/test-deps")
+    package = NPM_FOLDER / "node_modules" / "lumberjack-protocol" / "package.json"
+    if not package.is_file():
+        pytest.fail(f"{package} is missing: run .ci/test-deps (it runs npm install there)")
+    (NPM_FOLDER / "send.js").write_text(NODE_SCRIPT)
+    return NPM_FOLDER
 
 
 async def test_npm_lumberjack_protocol_v1_client_over_mtls(
@@ -274,3 +266,39 @@ async def test_npm_lumberjack_protocol_v1_client_over_mtls(
     assert source is not None
     assert source.identity is not None
     assert source.identity.common_name == "interchange-client"
+
+
+async def test_npm_lumberjack_protocol_slow_window_is_acked_in_part(
+    certs: dict[str, Path], npm_lumberjack: Path
+) -> None:
+    """2 events of a window of 100, and nothing more: delivered and acked (1A 2) after
+    the listener's ``partial_after``, not closed 30 s later for an unfinished window."""
+    listener = lj_listener(partial_after="200ms", **tls_options(certs))
+    async with running_gateway(config(listener)) as gw:
+        sub = gw.hub.subscribe("logs")
+        got: list[Delivery] = []
+        port = host_port(gw.addresses["lj"][0])[1]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consume, sub, got)
+            with trio.fail_after(10):
+                result = await trio.run_process(
+                    [
+                        "node",
+                        "send.js",
+                        str(port),
+                        str(certs["ca_cert"]),
+                        str(certs["client_cert"]),
+                        str(certs["client_key"]),
+                        "2",
+                        "100",
+                    ],
+                    cwd=str(npm_lumberjack),
+                    capture_stdout=True,
+                    capture_stderr=True,
+                    check=False,
+                )
+            nursery.cancel_scope.cancel()
+    report = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    assert result.returncode == 0, (report, result.stderr.decode()[-2000:])
+    assert report["acks"] == [2]
+    assert [x.message.headers["n"] for x in got] == ["1", "2"]
