@@ -11,11 +11,14 @@ what is missing, unless ``INTERCHANGE_SKIP_NODE=1`` skips them.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import socket
 import ssl
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +161,56 @@ async def test_pylogbeat_waits_through_a_slow_consumer_thanks_to_keepalives() ->
                     lambda: send_windows(address, windows_of((3,)), timeout=0.5)
                 )
         assert last_seq == 3
+
+
+class HalvedPyLogBeat(pylogbeat.PyLogBeatClient):
+    """Sends each window's C frame in two halves, ``pause`` seconds apart."""
+
+    def __init__(self, *args: Any, pause: float, second_half: threading.Event, **kw: Any):
+        super().__init__(*args, **kw)
+        self.pause = pause
+        self.second_half = second_half
+
+    def _send_payload(self, compressed_payload: bytes) -> None:
+        half = len(compressed_payload) // 2
+        self._socket.sendall(compressed_payload[:half])
+        time.sleep(self.pause)  # real time: this runs in a worker thread
+        self.second_half.set()
+        self._socket.sendall(compressed_payload[half:])
+
+
+async def test_pylogbeat_window_trickling_inside_its_c_frame_is_not_cut() -> None:
+    """pylogbeat sends a window as ``W`` and one ``C`` frame: events inside a C frame
+    still arriving are not received yet, so no part goes out before it has ended."""
+    second_half = threading.Event()
+    window = windows_of((300,))[0]
+    async with running_gateway(config(lj_listener(partial_after="50ms"))) as gw:
+        sub = gw.hub.subscribe("logs")
+        host, port = host_port(gw.addresses["lj"][0])
+
+        def send() -> int:
+            with HalvedPyLogBeat(
+                host, port, timeout=10, pause=0.5, second_half=second_half
+            ) as client:
+                client.send(window)  # returns once the window is acked whole
+                return int(client._sequence)
+
+        async with trio.open_nursery() as nursery:
+            # (Abandoned if the test fails: the thread may wait for its socket timeout.)
+            nursery.start_soon(
+                functools.partial(trio.to_thread.run_sync, abandon_on_cancel=True), send
+            )
+            with trio.fail_after(10):
+                first = await sub.receive()
+            assert second_half.is_set()  # nothing was published from the first half
+            got = list(first)
+            sub.ack_many(x.tag for x in first)
+            with trio.fail_after(10):
+                while len(got) < 300:
+                    batch = await sub.receive()
+                    got.extend(batch)
+                    sub.ack_many(x.tag for x in batch)
+    assert [json.loads(x.message.body)["id"] for x in got] == list(range(300))
 
 
 async def test_pylogbeat_without_a_client_certificate_is_refused(certs: dict[str, Path]) -> None:
