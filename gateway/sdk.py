@@ -34,7 +34,8 @@ The names, by what they are for:
   ``describe_error``, ``Metrics``, ``Count``, ``Observe``, ``NOTHING``;
 * transports a client dials with: ``TcpTransport``, ``tcp_transport``,
   ``UnixTransport``, ``unix_transport``, ``peer_credentials``,
-  ``address_host``, ``identity_from_der``;
+  ``address_host``, ``identity_from_der``, ``start_tls`` (a client's TLS
+  handshake over a stream it opened);
 * the interface of a transport plugin (entry-point group
   ``interchange.transports``): ``Transport``, ``StreamLayer``, ``TlsLayer``;
 * the storage engine, for a protocol that speaks it natively (segment
@@ -90,7 +91,7 @@ if TYPE_CHECKING:
     from gateway.transports.base import StreamLayer, Transport, address_host
     from gateway.transports.tcp import TcpTransport
     from gateway.transports.tcp import transport as tcp_transport
-    from gateway.transports.tls import TlsLayer, identity_from_der
+    from gateway.transports.tls import TlsLayer, identity_from_der, start_tls
     from gateway.transports.unix import UnixTransport, peer_credentials
     from gateway.transports.unix import transport as unix_transport
 
@@ -160,6 +161,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     "TcpTransport": ("gateway.transports.tcp", "TcpTransport"),
     "tcp_transport": ("gateway.transports.tcp", "transport"),
     "identity_from_der": ("gateway.transports.tls", "identity_from_der"),
+    "start_tls": ("gateway.transports.tls", "start_tls"),
     "UnixTransport": ("gateway.transports.unix", "UnixTransport"),
     "peer_credentials": ("gateway.transports.unix", "peer_credentials"),
     "unix_transport": ("gateway.transports.unix", "transport"),
@@ -252,6 +254,7 @@ __all__ = [
     "identity_from_der",
     "peer_credentials",
     "splits",
+    "start_tls",
     "tcp_transport",
     "unix_transport",
 ]

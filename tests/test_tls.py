@@ -636,3 +636,18 @@ async def test_cert_and_key_in_one_file(pki: Pki, tmp_path: Path) -> None:
         assert out.server_sees.common_name == "interchange-client"
     finally:
         await out.aclose()
+
+
+async def test_start_tls_closes_the_stream_when_the_handshake_fails() -> None:
+    """A client whose handshake fails gets the error, not a socket left open."""
+    import ssl as ssl_module
+
+    from gateway.sdk import start_tls
+
+    client, server = trio.testing.memory_stream_pair()
+    await server.send_all(b"HTTP/1.1 400 Bad Request\r\n\r\n")  # not TLS
+    context = ssl_module.create_default_context()
+    with pytest.raises(trio.BrokenResourceError):
+        await start_tls(client, context, "localhost")
+    with pytest.raises(trio.ClosedResourceError):
+        await client.send_all(b"x")

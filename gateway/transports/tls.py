@@ -47,6 +47,7 @@ __all__ = [
     "describe_handshake_failure",
     "identity_from_der",
     "ssl_error_words",
+    "start_tls",
     "transport",
 ]
 
@@ -360,6 +361,20 @@ def _openssl_words(error: ssl.SSLError) -> str:
     if words:
         return words
     return str(getattr(error, "reason", None) or error).lower().replace("_", " ")
+
+
+async def start_tls(
+    stream: trio.abc.Stream, ssl_context: ssl.SSLContext, server_hostname: str | None
+) -> trio.SSLStream[trio.abc.Stream]:
+    """A client's side of TLS over ``stream``, handshake done; when the handshake fails,
+    ``stream`` is closed (the caller gets the error, not a socket to clean up)."""
+    tls = trio.SSLStream(stream, ssl_context, server_hostname=server_hostname)
+    try:
+        await tls.do_handshake()
+    except BaseException:
+        await trio.aclose_forcefully(stream)
+        raise
+    return tls
 
 
 async def _handshake(tls: trio.SSLStream[trio.abc.Stream], raw: trio.abc.Stream) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 
 import trio
 
-from gateway.sdk import Session, Subscription
+from gateway.sdk import Session, Subscription, start_tls
 
 from . import NEED_DATA, ClientCodec, ConnectionClosed, Progress
 from .mapping import to_payloads
@@ -205,9 +205,7 @@ class LumberjackClient:
     ) -> LumberjackClient:
         stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
         if ssl_context is not None:
-            tls = trio.SSLStream(stream, ssl_context, server_hostname=server_hostname or host)
-            await tls.do_handshake()
-            stream = tls
+            stream = await start_tls(stream, ssl_context, server_hostname or host)
         return cls(stream, settings)
 
     async def __aenter__(self) -> LumberjackClient:

@@ -50,6 +50,7 @@ from gateway.sdk import (
     address_host,
     describe_error,
     first_leaf,
+    start_tls,
 )
 
 from .codec import ClientCodec
@@ -738,15 +739,7 @@ async def open_stream(
     stream = await transport.connect(address)
     if ssl_context is None:
         return stream
-    tls = trio.SSLStream(
-        stream, ssl_context, server_hostname=server_hostname or address_host(address)
-    )
-    try:
-        await tls.do_handshake()
-    except BaseException:
-        await trio.aclose_forcefully(stream)
-        raise
-    return tls
+    return await start_tls(stream, ssl_context, server_hostname or address_host(address))
 
 
 # -- the writer --------------------------------------------------------------------------------

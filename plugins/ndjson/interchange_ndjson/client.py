@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import trio
 
-from gateway.sdk import Filter, LocalProtocolError, RemoteProtocolError
+from gateway.sdk import Filter, LocalProtocolError, RemoteProtocolError, start_tls
 
 from .codec import NEED_DATA, ClientCodec
 from .events import (
@@ -70,13 +70,7 @@ class NdjsonClient:
         server as ``server_hostname`` (default: ``host``)."""
         stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
         if ssl_context is not None:
-            tls = trio.SSLStream(stream, ssl_context, server_hostname=server_hostname or host)
-            try:
-                await tls.do_handshake()
-            except BaseException:
-                await trio.aclose_forcefully(stream)
-                raise
-            stream = tls
+            stream = await start_tls(stream, ssl_context, server_hostname or host)
         return cls(stream)
 
     async def __aenter__(self) -> NdjsonClient:
