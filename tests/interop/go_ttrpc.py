@@ -132,30 +132,23 @@ def find_go() -> tuple[str, list[Path]]:
     return go, sources
 
 
-def build_go_peer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The Go program, built on first use in this test session (under pytest's base
-    temporary directory, so every module that asks gets the same binary)."""
-    root = tmp_path_factory.getbasetemp() / "go-ttrpc-peer"
-    binary = root / "ttrpc_go"
-    if binary.is_file():
-        return binary
+def go_build(source: Path, output: Path, gopath: Path, root: Path, what: str) -> None:
+    """``go build`` ``source`` into ``output`` in GOPATH mode (``gopath`` first, then
+    Debian's sources), offline; the test fails naming ``what`` if it does not build."""
     go, sources = find_go()
-    root.mkdir(exist_ok=True)
     env = dict(os.environ)
     env.update(
         GO111MODULE="off",  # GOPATH mode: Debian's sources, no go.mod, no proxy
         GOPROXY="off",
         GOFLAGS="",
         GOTOOLCHAIN="local",
-        GOPATH=os.pathsep.join(str(p) for p in [root / "gopath", *sources]),
+        GOPATH=os.pathsep.join(str(p) for p in [gopath, *sources]),
     )
     if not any(env.get(v) for v in ("GOCACHE", "XDG_CACHE_HOME", "HOME")):
         env["GOCACHE"] = str(root / "cache")  # go needs somewhere to cache builds
-    partial = root / "ttrpc_go.partial"
-    started = time.monotonic()
     build = subprocess.run(
-        [go, "build", "-o", str(partial), "."],
-        cwd=GO_SOURCE,
+        [go, "build", "-o", str(output), "."],
+        cwd=source,
         env=env,
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -164,10 +157,20 @@ def build_go_peer(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=False,
     )
     if build.returncode != 0:
-        pytest.fail(
-            f"building the Go ttrpc peer ({GO_SOURCE.name}/) failed:\n{build.stderr}",
-            pytrace=False,
-        )
+        pytest.fail(f"building {what} failed:\n{build.stderr}", pytrace=False)
+
+
+def build_go_peer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Go program, built on first use in this test session (under pytest's base
+    temporary directory, so every module that asks gets the same binary)."""
+    root = tmp_path_factory.getbasetemp() / "go-ttrpc-peer"
+    binary = root / "ttrpc_go"
+    if binary.is_file():
+        return binary
+    root.mkdir(exist_ok=True)
+    partial = root / "ttrpc_go.partial"
+    started = time.monotonic()
+    go_build(GO_SOURCE, partial, root / "gopath", root, f"the Go ttrpc peer ({GO_SOURCE.name}/)")
     partial.rename(binary)
     (root / "build-seconds").write_text(f"{time.monotonic() - started:.2f}\n")
     return binary

@@ -10,17 +10,14 @@ interop test, ``go_ttrpc.py``).
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
-import pytest
 import trio
 from google.protobuf import descriptor_pb2
 from harness import running_gateway
-from interop.go_ttrpc import find_go
+from interop.go_ttrpc import go_build
 
 from protocols.ttrpc import messaging_pb2
 
@@ -38,32 +35,10 @@ def go_package() -> str:
 
 def build_example(root: Path) -> Path:
     """``go build`` the example in GOPATH mode; the binary's path."""
-    go, sources = find_go()
     gopath = root / "gopath"
     shutil.copytree(EXAMPLE / "messagingv1", gopath / "src" / go_package())
-    env = dict(os.environ)
-    env.update(
-        GO111MODULE="off",  # GOPATH mode: Debian's sources, no go.mod, no proxy
-        GOPROXY="off",
-        GOFLAGS="",
-        GOTOOLCHAIN="local",
-        GOPATH=os.pathsep.join(str(p) for p in [gopath, *sources]),
-    )
-    if not any(env.get(v) for v in ("GOCACHE", "XDG_CACHE_HOME", "HOME")):
-        env["GOCACHE"] = str(root / "cache")
     binary = root / "go-messaging"
-    build = subprocess.run(
-        [go, "build", "-o", str(binary), "."],
-        cwd=EXAMPLE,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    if build.returncode != 0:
-        pytest.fail(f"go build of examples/go-messaging failed:\n{build.stderr}", pytrace=False)
+    go_build(EXAMPLE, binary, gopath, root, "examples/go-messaging")
     return binary
 
 
