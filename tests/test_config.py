@@ -985,5 +985,7 @@ def test_the_embedded_default_publishes_into_queues() -> None:
     destinations = {ls.destination for ls in config.listeners}
     assert destinations
     assert [(d.name, d.kind) for d in config.destinations] == [
-        (name, "queue") for name in sorted(destinations)
+        *((name, "queue") for name in sorted(destinations)),
+        ("alerts", "topic"),
     ]
+    assert all(d.store == "embedded" for d in config.destinations)

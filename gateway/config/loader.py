@@ -947,10 +947,14 @@ def default_data(registry: Registry) -> dict[str, Any]:
     # sender is acked once it is stored, and a consumer gets each message once
     # it comes, across restarts.
     queues = sorted({item.get("destination", item["name"]) for item in listeners})
+    destinations = [{"name": name, "kind": "queue", "store": "embedded"} for name in queues]
+    # Where `gateway pipeline`'s example job writes its alerts: a durable topic, so
+    # every subscriber of any protocol gets each alert.
+    destinations.append({"name": "alerts", "kind": "topic", "store": "embedded"})
     return {
         "gateway": {"data_dir": "data"},
         "metrics": {"bind": f"127.0.0.1:{DEFAULT_METRICS_PORT}"},
         "admin": {"bind": f"127.0.0.1:{DEFAULT_ADMIN_PORT}"},
         "listeners": listeners,
-        "destinations": [{"name": name, "kind": "queue", "store": "embedded"} for name in queues],
+        "destinations": destinations,
     }
