@@ -4,6 +4,8 @@ blocking: it reaches the gateway over sockets, as executors on a cluster would).
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,6 +119,10 @@ def gateway(tmp_path: Path) -> Iterator[GatewayThread]:
 def spark() -> Iterator[Any]:
     """One local Spark session for every Spark test: loopback only, no UI, quiet logs,
     two shuffle partitions; the ``interchange`` data source registered."""
+    if os.environ.get("INTERCHANGE_SKIP_JAVA") == "1":
+        pytest.skip("INTERCHANGE_SKIP_JAVA=1: Spark needs Java, its tests are skipped")
+    if shutil.which("java") is None:
+        pytest.fail("Spark needs Java 17+ on PATH: bash .ci/test-deps installs it")
     try:
         import pyspark  # noqa: F401
     except ImportError:  # the peer is missing: fail, saying how to get it
