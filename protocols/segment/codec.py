@@ -67,11 +67,15 @@ from .events import (
     CommandType,
     DataAppended,
     ErrorMessage,
+    GetStreamSegmentInfo,
     Hello,
     InvalidEventNumber,
     KeepAlive,
+    LocateOffset,
     NoSuchSegment,
+    OffsetLocated,
     OperationUnsupported,
+    PayloadFormat,
     ReadSegment,
     SegmentAlreadyExists,
     SegmentIsSealed,
@@ -79,6 +83,7 @@ from .events import (
     SegmentRead,
     ServerEvent,
     SetupAppend,
+    StreamSegmentInfo,
     WrongHost,
 )
 from .frames import HEADER, decode, encode, type_name
@@ -96,6 +101,7 @@ _T = CommandType
 #: What a client may send a server, and what a server may send a client.
 _CLIENT_SENDS: Final = frozenset(
     {_T.HELLO, _T.KEEP_ALIVE, _T.SETUP_APPEND, _T.APPEND_BLOCK, _T.READ_SEGMENT}
+    | {_T.GET_STREAM_SEGMENT_INFO, _T.LOCATE_OFFSET}
 )
 _ERROR_REPLIES: Final = (
     WrongHost,
@@ -110,6 +116,7 @@ _ERROR_REPLIES: Final = (
 )
 _SERVER_SENDS: Final = frozenset(
     {_T.HELLO, _T.KEEP_ALIVE, _T.APPEND_SETUP, _T.DATA_APPENDED, _T.SEGMENT_READ}
+    | {_T.STREAM_SEGMENT_INFO, _T.OFFSET_LOCATED}
     | {cls.TYPE for cls in _ERROR_REPLIES}
 )
 _IN_BLOCK_ONLY: Final = frozenset({_T.EVENT, _T.PARTIAL_EVENT, _T.PADDING})
@@ -162,12 +169,16 @@ def _check_i64(value: int, what: str) -> None:
 class _Writer:
     """What a connection knows of one set-up writer."""
 
-    __slots__ = ("acked", "acked_level", "id", "received", "request_id", "segment")
+    __slots__ = ("acked", "acked_level", "format", "id", "received", "request_id", "segment")
 
-    def __init__(self, writer_id: UUID, segment: str, last: int, request_id: int) -> None:
+    def __init__(
+        self, writer_id: UUID, segment: str, last: int, request_id: int, fmt: int = 0
+    ) -> None:
         level = _MIN_I64 if _none(last) else last
         self.id = writer_id
         self.segment = segment
+        #: The payload format the AppendSetup accepted.
+        self.format = fmt
         #: Server: the last event number received; client: the last sent
         #: (initially what AppendSetup said, "none" being below every number).
         self.received = level
@@ -291,7 +302,9 @@ class ServerCodec(_SegmentCodec):
     Events: :class:`~.events.Hello` (a compatible one: an incompatible
     range raises with the reply ``Hello(17, 5)``), :class:`~.events.KeepAlive`
     (echo it), :class:`~.events.SetupAppend`,
-    :class:`~.events.ReadSegment`, :class:`~.events.Append`.
+    :class:`~.events.ReadSegment`, :class:`~.events.Append` (its
+    ``payload_format`` the one the writer's ``AppendSetup`` accepted),
+    :class:`~.events.GetStreamSegmentInfo`, :class:`~.events.LocateOffset`.
 
     ::
 
@@ -400,6 +413,7 @@ class ServerCodec(_SegmentCodec):
             fields.num_events,
             fields.last_event_number,
             writer.segment,
+            writer.format,
         )
 
     # -- output --------------------------------------------------------------------------
@@ -409,14 +423,17 @@ class ServerCodec(_SegmentCodec):
         * ``AppendSetup`` answers a ``SetupAppend`` returned by :meth:`next_event`
           (same writer, segment and request id) and sets the writer up: its
           appends must be numbered above ``last_event_number``
-          (:data:`~.events.NULL_EVENT_NUMBER`, or 0, for none);
+          (:data:`~.events.NULL_EVENT_NUMBER`, or 0, for none); its
+          ``payload_format`` is raw (0, or -1 absent) or the one the setup
+          asked for, and the writer's appends carry it;
         * ``DataAppended`` for a set-up writer: its event number above the
           last one acknowledged and not above the last one received, and its
           ``previous_event_number`` the last one acknowledged (or what the
           ``AppendSetup`` said);
         * an error reply answering a pending setup drops it;
           ``InvalidEventNumber`` forgets its writer;
-        * ``Hello``, ``KeepAlive``, ``SegmentRead``: always.
+        * ``Hello``, ``KeepAlive``, ``SegmentRead``, ``StreamSegmentInfo``,
+          ``OffsetLocated``: always.
         """
         if isinstance(command, AppendSetup):
             key = command.writer_id.bytes
@@ -429,10 +446,19 @@ class ServerCodec(_SegmentCodec):
                 raise LocalProtocolError(
                     f"{command!r} does not answer {setup!r} (segment or request id differ)"
                 )
+            fmt = max(command.payload_format, PayloadFormat.RAW)
+            if fmt not in (PayloadFormat.RAW, setup.payload_format):
+                raise LocalProtocolError(
+                    f"AppendSetup payload format {fmt}: the writer asked for {setup.payload_format}"
+                )
             wire = encode(command)
             del self._pending[key]
             self._writers[key] = _Writer(
-                command.writer_id, command.segment, command.last_event_number, command.request_id
+                command.writer_id,
+                command.segment,
+                command.last_event_number,
+                command.request_id,
+                fmt,
             )
             return wire
         if isinstance(command, DataAppended):
@@ -463,7 +489,7 @@ class ServerCodec(_SegmentCodec):
                     if setup.request_id == command.request_id:
                         del self._pending[key]
             return wire
-        if isinstance(command, Hello | KeepAlive | SegmentRead):
+        if isinstance(command, Hello | KeepAlive | SegmentRead | StreamSegmentInfo | OffsetLocated):
             return encode(command)
         raise LocalProtocolError(f"a server does not send {type(command).__name__}")
 
@@ -489,10 +515,13 @@ class ClientCodec(_SegmentCodec):
     Events: :class:`~.events.Hello` (log an incompatible one),
     :class:`~.events.KeepAlive`, :class:`~.events.AppendSetup` (the
     writer may append events numbered above its ``last_event_number``;
-    resend those), :class:`~.events.DataAppended` (checked: it acks the
+    resend those; its ``payload_format`` says what the server accepted),
+    :class:`~.events.DataAppended` (checked: it acks the
     writer's events up to ``event_number``), :class:`~.events.SegmentRead`
-    (:class:`EventReassembler` turns its data into events), and the error
-    replies.
+    (:class:`EventReassembler` turns its data into events; a ``formats``
+    blob is checked to be whole entries),
+    :class:`~.events.StreamSegmentInfo`, :class:`~.events.OffsetLocated`, and
+    the error replies.
 
     ``block_size`` is the default size of batched blocks (0: every append is
     one unbatched block).
@@ -524,8 +553,17 @@ class ClientCodec(_SegmentCodec):
                 raise self._error(f"{command!r} answers no SetupAppend of ours")
             del self._pending[key]
             self._writers[key] = _Writer(
-                command.writer_id, command.segment, command.last_event_number, setup.request_id
+                command.writer_id,
+                command.segment,
+                command.last_event_number,
+                setup.request_id,
+                max(command.payload_format, PayloadFormat.RAW),
             )
+        elif isinstance(command, SegmentRead) and command.formats is not None:
+            if len(command.formats) % 9:
+                raise self._error(
+                    f"SegmentRead formats of {len(command.formats)} bytes: not 9-byte entries"
+                )
         elif isinstance(command, DataAppended):
             writer = self._writers.get(command.writer_id.bytes)
             if writer is None:
@@ -554,7 +592,8 @@ class ClientCodec(_SegmentCodec):
 
     # -- output --------------------------------------------------------------------------
     def send(self, command: Command) -> bytes:
-        """The bytes of ``Hello``, ``KeepAlive``, ``SetupAppend`` or ``ReadSegment``.
+        """The bytes of ``Hello``, ``KeepAlive``, ``SetupAppend``, ``ReadSegment``,
+        ``GetStreamSegmentInfo`` or ``LocateOffset``.
 
         An open batched block is closed first (its ``Padding`` and end lead
         the bytes returned): nothing may come between a block and its end.
@@ -571,7 +610,9 @@ class ClientCodec(_SegmentCodec):
             self._writers.pop(key, None)
             self._pending[key] = command
             return self._blocks.close() + wire
-        if isinstance(command, Hello | KeepAlive | ReadSegment):
+        if isinstance(
+            command, Hello | KeepAlive | ReadSegment | GetStreamSegmentInfo | LocateOffset
+        ):
             wire = encode(command)
             return self._blocks.close() + wire
         raise LocalProtocolError(

@@ -21,6 +21,8 @@ inside an append block, never as commands of their own.
 from __future__ import annotations
 
 import enum
+import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Final, TypeAlias
 from uuid import UUID
@@ -30,6 +32,7 @@ __all__ = [
     "MAX_WIRECOMMAND_SIZE",
     "NULL_EVENT_NUMBER",
     "OLDEST_COMPATIBLE_VERSION",
+    "READ_FORMATS",
     "WIRE_VERSION",
     "Append",
     "AppendBlock",
@@ -42,13 +45,17 @@ __all__ = [
     "DataAppended",
     "ErrorMessage",
     "Event",
+    "GetStreamSegmentInfo",
     "Hello",
     "InvalidEventNumber",
     "KeepAlive",
+    "LocateOffset",
     "NoSuchSegment",
+    "OffsetLocated",
     "OperationUnsupported",
     "Padding",
     "PartialEvent",
+    "PayloadFormat",
     "ReadSegment",
     "SegmentAlreadyExists",
     "SegmentIsSealed",
@@ -56,7 +63,9 @@ __all__ = [
     "SegmentRead",
     "ServerEvent",
     "SetupAppend",
+    "StreamSegmentInfo",
     "WrongHost",
+    "unpack_format_runs",
 ]
 
 #: The protocol version this implementation speaks, and the oldest it accepts.
@@ -68,6 +77,22 @@ MAX_WIRECOMMAND_SIZE: Final = 0x00FFFFFF
 MAX_EVENT_PAYLOAD: Final = 8 * 1024 * 1024
 #: ``Long.MIN_VALUE``: no event of this writer is stored yet.
 NULL_EVENT_NUMBER: Final = -(2**63)
+#: :attr:`ReadSegment.flags` bit 0: report the payload formats (:attr:`SegmentRead.formats`).
+READ_FORMATS: Final = 1
+#: One entry of :attr:`SegmentRead.formats`: ``[offset:i64][format:i8]``.
+_FORMAT_ENTRY: Final = struct.Struct(">qb")
+
+
+class PayloadFormat(enum.IntEnum):
+    """How a segment's event payloads are to be read (Interchange's extension).
+
+    The numbers are the store's record formats: a raw payload is opaque
+    bytes, an envelope is a hub message as :mod:`gateway.durable.envelope`
+    stores it (body, headers, content type, source, stored time).
+    """
+
+    RAW = 0
+    ENVELOPE = 1
 
 
 class CommandType(enum.IntEnum):
@@ -84,6 +109,10 @@ class CommandType(enum.IntEnum):
     DATA_APPENDED = 7
     READ_SEGMENT = 9
     SEGMENT_READ = 10
+    GET_STREAM_SEGMENT_INFO = 11
+    STREAM_SEGMENT_INFO = 12
+    LOCATE_OFFSET = 41
+    OFFSET_LOCATED = 42
     WRONG_HOST = 50
     SEGMENT_IS_SEALED = 51
     SEGMENT_ALREADY_EXISTS = 52
@@ -134,6 +163,9 @@ class SetupAppend(Command):
     writer_id: UUID
     segment: str
     delegation_token: str = ""
+    #: Interchange's trailing field: the writer's events are raw payloads (0,
+    #: also when absent) or envelopes (1) the server checks and stores as such.
+    payload_format: int = PayloadFormat.RAW
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +181,9 @@ class AppendSetup(Command):
     segment: str
     writer_id: UUID
     last_event_number: int
+    #: Interchange's trailing field: the payload format the server accepted
+    #: (-1, absent: a server that does not know the field, so only raw).
+    payload_format: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +267,9 @@ class ReadSegment(Command):
     suggested_length: int
     delegation_token: str = ""
     request_id: int = -1
+    #: Interchange's trailing field: :data:`READ_FORMATS` asks for
+    #: :attr:`SegmentRead.formats` (0, also when absent: no flag).
+    flags: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +283,96 @@ class SegmentRead(Command):
     end_of_segment: bool
     data: bytes
     request_id: int = -1
+    #: Interchange's trailing field, only sent when the read asked with
+    #: :data:`READ_FORMATS`: ``n x [offset:i64][format:i8]`` (see
+    #: :attr:`format_runs`); None when absent.
+    formats: bytes | None = None
+
+    @property
+    def format_runs(self) -> list[tuple[int, int]]:
+        """:attr:`formats` as ``(offset, format)`` runs, ascending, the first at
+        :attr:`offset`: the payload format of the events from that offset up
+        to the next run (or the end of the data). ``[]`` when absent.
+
+        Raises ValueError for a blob that is not whole 9-byte entries (the
+        client codec refuses such a reply before it gets here).
+        """
+        return unpack_format_runs(self.formats or b"")
+
+    @staticmethod
+    def pack_formats(runs: Sequence[tuple[int, int]]) -> bytes:
+        """``runs`` (``(offset, format)`` pairs) as the :attr:`formats` blob."""
+        return b"".join(_FORMAT_ENTRY.pack(offset, fmt) for offset, fmt in runs)
+
+
+def unpack_format_runs(blob: bytes) -> list[tuple[int, int]]:
+    """The ``(offset, format)`` runs of a :attr:`SegmentRead.formats` blob."""
+    if len(blob) % _FORMAT_ENTRY.size:
+        raise ValueError(f"a formats blob of {len(blob)} bytes is not whole 9-byte entries")
+    return [(int(o), int(f)) for o, f in _FORMAT_ENTRY.iter_unpack(blob)]
+
+
+@dataclass(frozen=True, slots=True)
+class GetStreamSegmentInfo(Command):
+    """Ask what a segment holds; answered by :class:`StreamSegmentInfo`, also
+    for a segment that does not exist (never created by asking)."""
+
+    TYPE: ClassVar[CommandType] = CommandType.GET_STREAM_SEGMENT_INFO
+    request_id: int
+    segment: str
+    delegation_token: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSegmentInfo(Command):
+    """What a segment holds: its retained bytes ``start_offset .. write_offset``.
+
+    ``write_offset`` is the durable end (what a read can return);
+    ``last_modified`` is the time of the last durable append in ms since the
+    epoch (0: unknown). A missing segment has ``exists`` false and zeros.
+    ``first_event`` and ``next_event`` are Interchange's trailing fields: the
+    event index of the event at ``start_offset`` and of the next one appended
+    (-1 when absent).
+    """
+
+    TYPE: ClassVar[CommandType] = CommandType.STREAM_SEGMENT_INFO
+    request_id: int
+    segment: str
+    exists: bool
+    is_sealed: bool
+    is_deleted: bool
+    last_modified: int
+    write_offset: int
+    start_offset: int
+    first_event: int = -1
+    next_event: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class LocateOffset(Command):
+    """Find an event boundary (Interchange's command): the last one at or before
+    ``target_offset`` (clamped into the retained, durable bytes), or with
+    ``events = n >= 0`` the one ``n`` events after it (clamped to the end).
+    Answered by :class:`OffsetLocated` or ``NoSuchSegment``."""
+
+    TYPE: ClassVar[CommandType] = CommandType.LOCATE_OFFSET
+    request_id: int
+    segment: str
+    target_offset: int
+    delegation_token: str = ""
+    events: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetLocated(Command):
+    """The boundary a :class:`LocateOffset` asked for, and the index of the event
+    that starts there (the segment's next event index at its end; -1 absent)."""
+
+    TYPE: ClassVar[CommandType] = CommandType.OFFSET_LOCATED
+    request_id: int
+    segment: str
+    offset: int
+    event_index: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,10 +486,15 @@ class Append:
     last_event_number: int
     #: The segment the writer was set up for.
     segment: str
+    #: The payload format the writer was set up with (the ``AppendSetup``'s):
+    #: a server stores envelopes only after checking each one.
+    payload_format: int = PayloadFormat.RAW
 
 
 #: What :meth:`ServerCodec.next_event` returns (besides NEED_DATA and ConnectionClosed).
-ServerEvent: TypeAlias = Hello | KeepAlive | SetupAppend | ReadSegment | Append
+ServerEvent: TypeAlias = (
+    Hello | KeepAlive | SetupAppend | ReadSegment | Append | GetStreamSegmentInfo | LocateOffset
+)
 #: What :meth:`ClientCodec.next_event` returns (besides NEED_DATA and ConnectionClosed).
 ClientEvent: TypeAlias = (
     Hello
@@ -369,6 +502,8 @@ ClientEvent: TypeAlias = (
     | AppendSetup
     | DataAppended
     | SegmentRead
+    | StreamSegmentInfo
+    | OffsetLocated
     | WrongHost
     | SegmentIsSealed
     | SegmentAlreadyExists

@@ -16,6 +16,13 @@ and then, as Pravega does, lets newer peers and older ones talk:
   old server decodes with the three newer fields at ``-1``;
 * bytes after the last known field are skipped.
 
+Interchange's own trailing fields (:data:`EXTENSIONS`: the payload format of
+``SetupAppend``/``AppendSetup``, the flags of ``ReadSegment``, the formats of
+``SegmentRead``, the event indexes of ``StreamSegmentInfo``/``LocateOffset``/
+``OffsetLocated``) take their dataclass default when absent, and are left
+out by :func:`encode` while they hold it and nothing after them is set: a
+command that uses none of them is byte for byte what a Pravega peer sends.
+
 Event frames (``[0][length][payload]``, the unit stored in a segment) are
 walked by :func:`count_events`, which the block assembler and the segment
 reader share.
@@ -23,6 +30,7 @@ reader share.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Callable
 from typing import Any, Final
@@ -42,10 +50,13 @@ from .events import (
     DataAppended,
     ErrorMessage,
     Event,
+    GetStreamSegmentInfo,
     Hello,
     InvalidEventNumber,
     KeepAlive,
+    LocateOffset,
     NoSuchSegment,
+    OffsetLocated,
     OperationUnsupported,
     Padding,
     PartialEvent,
@@ -55,11 +66,13 @@ from .events import (
     SegmentIsTruncated,
     SegmentRead,
     SetupAppend,
+    StreamSegmentInfo,
     WrongHost,
 )
 
 __all__ = [
     "COMMANDS",
+    "EXTENSIONS",
     "FIELDS",
     "HEADER",
     "count_events",
@@ -88,12 +101,14 @@ FIELDS: Final[dict[type[Command], tuple[tuple[str, str], ...]]] = {
         ("writer_id", "uuid"),
         ("segment", "utf"),
         ("delegation_token", "utf"),
+        ("payload_format", "i32?"),
     ),
     AppendSetup: (
         ("request_id", "i64"),
         ("segment", "utf"),
         ("writer_id", "uuid"),
         ("last_event_number", "i64"),
+        ("payload_format", "i32?"),
     ),
     AppendBlock: (("writer_id", "uuid"), ("data", "rest")),
     AppendBlockEnd: (
@@ -120,6 +135,7 @@ FIELDS: Final[dict[type[Command], tuple[tuple[str, str], ...]]] = {
         ("suggested_length", "i32"),
         ("delegation_token", "utf"),
         ("request_id", "i64?"),
+        ("flags", "i32?"),
     ),
     SegmentRead: (
         ("segment", "utf"),
@@ -128,6 +144,37 @@ FIELDS: Final[dict[type[Command], tuple[tuple[str, str], ...]]] = {
         ("end_of_segment", "bool"),
         ("data", "blob"),
         ("request_id", "i64?"),
+        ("formats", "blob?"),
+    ),
+    GetStreamSegmentInfo: (
+        ("request_id", "i64"),
+        ("segment", "utf"),
+        ("delegation_token", "utf"),
+    ),
+    StreamSegmentInfo: (
+        ("request_id", "i64"),
+        ("segment", "utf"),
+        ("exists", "bool"),
+        ("is_sealed", "bool"),
+        ("is_deleted", "bool"),
+        ("last_modified", "i64"),
+        ("write_offset", "i64"),
+        ("start_offset", "i64"),
+        ("first_event", "i64?"),
+        ("next_event", "i64?"),
+    ),
+    LocateOffset: (
+        ("request_id", "i64"),
+        ("segment", "utf"),
+        ("target_offset", "i64"),
+        ("delegation_token", "utf"),
+        ("events", "i64?"),
+    ),
+    OffsetLocated: (
+        ("request_id", "i64"),
+        ("segment", "utf"),
+        ("offset", "i64"),
+        ("event_index", "i64?"),
     ),
     WrongHost: (
         ("request_id", "i64"),
@@ -186,9 +233,25 @@ FIELDS: Final[dict[type[Command], tuple[tuple[str, str], ...]]] = {
 #: Command class by type code.
 COMMANDS: Final[dict[int, type[Command]]] = {cls.TYPE: cls for cls in FIELDS}
 
+#: Interchange's trailing optional fields (no Pravega peer sends them) and
+#: their defaults: what an absent field decodes to, and what :func:`encode`
+#: leaves out when nothing after it differs from its default.
+EXTENSIONS: Final[dict[type[Command], dict[str, Any]]] = {
+    cls: {f.name: f.default for f in dataclasses.fields(cls) if f.name in names}
+    for cls, names in (
+        (SetupAppend, {"payload_format"}),
+        (AppendSetup, {"payload_format"}),
+        (ReadSegment, {"flags"}),
+        (SegmentRead, {"formats"}),
+        (StreamSegmentInfo, {"first_event", "next_event"}),
+        (LocateOffset, {"events"}),
+        (OffsetLocated, {"event_index"}),
+    )
+}
+
 
 def type_name(code: int) -> str:
-    """A type code as a name for messages (``APPEND_BLOCK``, or ``type 42``)."""
+    """A type code as a name for messages (``APPEND_BLOCK``, or ``type 43``)."""
     try:
         return CommandType(code).name
     except ValueError:
@@ -256,9 +319,16 @@ def encode(command: Command) -> bytes:
         spec = FIELDS[type(command)]
     except KeyError:
         raise LocalProtocolError(f"not a segment-append command: {command!r}") from None
+    values = [getattr(command, name) for name, _kind in spec]
+    extension = EXTENSIONS.get(type(command))
+    if extension:
+        while values and spec[len(values) - 1][0] in extension:
+            if values[-1] != extension[spec[len(values) - 1][0]]:
+                break
+            values.pop()
     parts = [b""]
-    for name, kind in spec:
-        parts.append(_PUT[kind.rstrip("?")](getattr(command, name)))
+    for (_name, kind), value in zip(spec, values, strict=False):
+        parts.append(_PUT[kind.rstrip("?")](value))
     length = sum(map(len, parts))
     if length > MAX_WIRECOMMAND_SIZE:
         raise LocalProtocolError(
@@ -334,13 +404,13 @@ class _Fields:
         self.pos = self.end
         return n
 
-    def opt(self, kind: str) -> Any:
+    def opt(self, kind: str, default: Any = -1) -> Any:
         """Java's ``available() >= size ? read : default`` (``> 0`` for a string)."""
         left = self.end - self.pos
         if kind == "utf":
-            return self.utf() if left > 0 else ""
+            return self.utf() if left > 0 else ("" if default == -1 else default)
         size = 8 if kind == "i64" else 4
-        return getattr(self, kind)() if left >= size else -1
+        return getattr(self, kind)() if left >= size else default
 
 
 def decode(code: int, data: bytes | bytearray | memoryview, start: int, end: int) -> Command:
@@ -353,10 +423,11 @@ def decode(code: int, data: bytes | bytearray | memoryview, start: int, end: int
     if cls is None:
         raise RemoteProtocolError(f"unknown command {type_name(code)}")
     cursor = _Fields(data, start, end, cls.__name__)
+    extension = EXTENSIONS.get(cls, {})
     values = []
-    for _name, kind in FIELDS[cls]:
+    for name, kind in FIELDS[cls]:
         if kind[-1] == "?":
-            values.append(cursor.opt(kind[:-1]))
+            values.append(cursor.opt(kind[:-1], extension.get(name, -1)))
         else:
             values.append(getattr(cursor, kind)())
     return cls(*values)

@@ -18,6 +18,7 @@ from protocols.segment import (
     ServerCodec,
     SetupAppend,
 )
+from tests.segment import extension_vectors as ext
 from tests.segment.segment_vectors import COMMANDS, EV1, EV2, SEGMENT, VECTORS, WRITER
 
 OTHER = UUID("ffeeddcc-bbaa-9988-7766-554433221100")
@@ -41,11 +42,27 @@ def _vector(name: str) -> Golden:
     return Golden(name, VECTORS[name], [COMMANDS[name]])
 
 
+def _ext(name: str) -> Golden:
+    """One of Interchange's additions (``tests/segment/extension_vectors.py``)."""
+    return Golden(name, ext.VECTORS[name], [ext.COMMANDS[name]])
+
+
+def _envelope_client() -> ClientCodec:
+    """A client whose writer asked for envelopes and waits for the answer."""
+    codec = ClientCodec(LIMITS)
+    codec.send(ext.COMMANDS["setup_envelopes"])
+    return codec
+
+
 SERVER = CodecCase(
     name="segment-server",
     make=_server,
     goldens=[
         *(_vector(name) for name in ("hello", "keepalive", "read_segment")),
+        *(
+            _ext(name)
+            for name in ("get_info", "locate", "locate_events", "setup_envelopes", "read_formats")
+        ),
         Golden(
             "single block",
             VECTORS["append_block_single"] + VECTORS["append_block_end_single"],
@@ -82,8 +99,14 @@ CLIENT = CodecCase(
     name="segment-client",
     make=_client,
     goldens=[
-        _vector(name)
-        for name in ("hello", "keepalive", "segment_read", "wrong_host", "no_such_segment")
+        *(
+            _vector(name)
+            for name in ("hello", "keepalive", "segment_read", "wrong_host", "no_such_segment")
+        ),
+        *(
+            _ext(name)
+            for name in ("info", "info_missing_pravega", "located", "segment_read_formats")
+        ),
     ],
     bad=[
         VECTORS["setup_append"],  # a client's command, from the server
@@ -102,4 +125,13 @@ CLIENT = CodecCase(
     max_held=4 * LIMITS.max_command,
 )
 
-CASES = [SERVER, CLIENT]
+#: A client whose envelope writer is answered (the AppendSetup echoing format 1).
+ENVELOPE_CLIENT = CodecCase(
+    name="segment-client-envelopes",
+    make=_envelope_client,
+    goldens=[_ext("envelopes_setup")],
+    bad=[VECTORS["append_setup_new_writer"]],  # an answer for another segment
+    refused=[lambda codec: codec.send(ext.COMMANDS["setup_envelopes"])],  # being set up
+)
+
+CASES = [SERVER, CLIENT, ENVELOPE_CLIENT]

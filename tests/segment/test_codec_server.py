@@ -339,7 +339,7 @@ def test_a_new_writer_may_start_anywhere_above_none(none: int) -> None:
         (VECTORS["append_block_end_single"], "a client may not send APPEND_BLOCK_END"),
         (VECTORS["data_appended"], "a client may not send DATA_APPENDED"),
         (VECTORS["append_setup_new_writer"], "a client may not send APPEND_SETUP"),
-        (header(42, 0), "unknown command type 42"),
+        (header(43, 0), "unknown command type 43"),
         (header(20, 0), "unknown command type 20"),
         (header(3, 15) + bytes(15), "cannot hold a writer id"),
         (block(OTHER, EV1) + block_end(OTHER, 13, b"", 1, 1), f"writer {OTHER}, which is not"),

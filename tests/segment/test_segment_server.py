@@ -370,10 +370,10 @@ async def test_an_append_before_setup_closes_only_that_connection(tmp_path: Path
 
 async def test_garbage_gets_an_error_reply_and_a_close(tmp_path: Path) -> None:
     async with gateway(tmp_path) as gw, connect(gw) as peer:
-        await peer.send(frame(42, b"what is this"))
+        await peer.send(frame(43, b"what is this"))
         replies = await peer.closed()
         assert [type(r) for r in replies] == [ErrorMessage]
-        assert "42" in replies[0].message  # type: ignore[attr-defined]
+        assert "43" in replies[0].message  # type: ignore[attr-defined]
 
 
 async def test_a_half_block_is_never_stored(tmp_path: Path) -> None:
