@@ -505,6 +505,97 @@ class Segment:
             return offset
         return offset + offsets[index - record_first]
 
+    # -- locating (reads bounded by the durable end) ------------------------------------
+
+    @property
+    def durable_next_event(self) -> int:
+        """The index of the event at ``durable_end``: the events below it are durable.
+
+        From the record index alone: ``durable_end`` is a record boundary (the
+        committer makes whole records durable)."""
+        end = self.durable_end
+        if end >= self.end:
+            return self.next_event
+        if end <= self.start:
+            return self.first_event
+        chunk = self._chunk_at_offset(end)
+        offset, _, first, _ = chunk.record_bounds(chunk.record_of_offset(end))
+        return max(first, self.first_event) if offset == end else first
+
+    @property
+    def last_modified_us(self) -> int:
+        """When the newest durable data was appended, in µs since the epoch (0: nothing
+        durable, or a store that does not know). Kept per chunk, not per record: while
+        appends wait for their commit, it may be the time of one of those (the newest
+        record of the chunk holding the durable end)."""
+        end = self.durable_end
+        for chunk in reversed(self._chunks):
+            if chunk.records and chunk.start < end:
+                return chunk.newest_us
+        return 0
+
+    def locate(self, target: int, events: int | None = None) -> tuple[int, int]:
+        """An event boundary and the index of the event starting there.
+
+        ``target`` is clamped into ``[start, durable_end]``; B is the last boundary at
+        or before it. Without ``events`` (or with a negative one) the answer is B;
+        with ``events = n >= 0``, the boundary ``n`` events after B, clamped to the
+        durable end (whose index is :attr:`durable_next_event`). Found with the
+        record index (offsets and first events); a record holding several events is
+        read only when the answer falls inside it (the store's record cache keeps
+        it), never a scan. Inside a damaged record, its start is the boundary."""
+        end = max(self.durable_end, self.start)
+        last = self.durable_next_event
+        target = min(max(target, self.start), end)
+        if target >= end:
+            offset, index = end, last
+        else:
+            offset, index = self._boundary_at(target)
+        if events is None or events <= 0:
+            return offset, index
+        index = min(index + events, last)
+        if index >= last:
+            return end, last
+        return self.event_offset(index), index
+
+    def _boundary_at(self, target: int) -> tuple[int, int]:
+        """The last event boundary at or before ``target`` (retained, below the end)."""
+        chunk = self._chunk_at_offset(target)
+        r = chunk.record_of_offset(target)
+        offset, _, first, count = chunk.record_bounds(r)
+        if target == offset or count == 1:
+            return offset, first
+        fmt, _, offsets = self._record(chunk, r)
+        if fmt is RecordFormat.CORRUPT:
+            return offset, first
+        i = bisect.bisect_right(offsets, target - offset) - 1
+        if first + i < self.first_event:  # the start is inside this record
+            return self.start, self.first_event
+        return offset + offsets[i], first + i
+
+    def formats(self, offset: int, end: int) -> list[tuple[int, int]]:
+        """The payload formats of the bytes ``[offset, end)`` as runs ``(from, format)``:
+        ascending, the first at ``offset``, each format (a RecordFormat value) holding
+        up to the next run or ``end``. From the record index only; [] for an empty
+        range. SegmentTruncated below ``start``; ValueError beyond ``end``."""
+        self._check_offset(offset)
+        end = min(end, self.end)
+        runs: list[tuple[int, int]] = []
+        pos = offset
+        while pos < end:
+            chunk = self._chunk_at_offset(pos)
+            offsets, _, formats, _ = chunk.columns()
+            r = chunk.record_of_offset(pos)
+            if not 0 <= r < chunk.records:
+                break  # (an empty chunk holds no byte below the end)
+            for q in range(r, chunk.records):
+                if not runs or runs[-1][1] != formats[q]:
+                    runs.append((pos, formats[q]))
+                pos = offsets[q + 1] if q + 1 < chunk.records else chunk.end
+                if pos >= end:
+                    break
+        return runs
+
     async def wait_for(self, offset: int) -> None:
         """Return once ``end > offset``; trio.ClosedResourceError if the store closes
         first. Callers bound the wait with a cancel scope."""
