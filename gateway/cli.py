@@ -340,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     # In this order in ``gateway --help``.
     commands = (_add_run, _add_check, _add_plugins, _add_reload, _add_tap, _add_top)
-    for add in (*commands, _add_config, _add_certs, _add_store, _add_completion):
+    for add in (*commands, _add_config, _add_certs, _add_store, _add_pipeline, _add_completion):
         add(sub)
     return parser
 
@@ -466,6 +466,13 @@ def _add_store(sub: _Subparsers) -> None:
         help="check every checksum; exit status 1 if anything is damaged",
     )
     verify.set_defaults(func=cmd_store_verify)
+
+
+def _add_pipeline(sub: _Subparsers) -> None:
+    # Spark is imported only when the command runs: the option parsing needs none.
+    from gateway.pipeline.command import add_parser
+
+    add_parser(sub)
 
 
 def _add_completion(sub: _Subparsers) -> None:
