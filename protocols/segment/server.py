@@ -27,7 +27,15 @@ embedded :class:`~gateway.store.Store`:
   ``read_wait`` passes (then an empty ``SegmentRead`` at the tail). Damaged
   records are never read: a read reaching one returns the bytes before it, a
   read starting in one is answered ``SegmentIsTruncated`` whose start offset
-  is the end of the damaged record, where the reader goes on.
+  is the end of the damaged record, where the reader goes on. A read whose
+  ``flags`` ask for :data:`~.events.READ_FORMATS` also gets the payload
+  formats of the bytes returned (``SegmentRead.formats``).
+* ``GetStreamSegmentInfo`` is answered ``StreamSegmentInfo`` from the
+  segment's durable state (its write offset is the durable end, what reads
+  can return); a missing segment is ``exists=false`` with zeros, and is
+  never created by asking. ``LocateOffset`` is answered ``OffsetLocated``
+  (:meth:`~gateway.store.segment.Segment.locate`), a missing segment
+  ``NoSuchSegment``.
 * Any other broken rule gets the codec's error reply, then the connection
   closes; other connections are not affected.
 """
@@ -60,17 +68,22 @@ from gateway.sdk import (
 from .codec import Limits, SegmentProtocolError, ServerCodec
 from .events import (
     NULL_EVENT_NUMBER,
+    READ_FORMATS,
     Append,
     AppendSetup,
     ErrorMessage,
+    GetStreamSegmentInfo,
     Hello,
     InvalidEventNumber,
     KeepAlive,
+    LocateOffset,
     NoSuchSegment,
+    OffsetLocated,
     ReadSegment,
     SegmentIsTruncated,
     SegmentRead,
     SetupAppend,
+    StreamSegmentInfo,
 )
 from .frames import encode
 
@@ -203,6 +216,10 @@ class ServerSession(Session):
             await self._read(event)
         elif isinstance(event, SetupAppend):
             await self._setup(event)
+        elif isinstance(event, GetStreamSegmentInfo):
+            await self.write_when_room(self.codec.send(self._info(event)))
+        elif isinstance(event, LocateOffset):
+            await self.write_when_room(self.codec.send(self._locate(event)))
         elif isinstance(event, KeepAlive):
             self.write(self.codec.send(KeepAlive()))
         elif isinstance(event, Hello):
@@ -342,6 +359,37 @@ class ServerSession(Session):
             return None  # set up again since: its AppendSetup covered this block
         return self.codec.acknowledge(append, block.end)
 
+    # -- info and locate -------------------------------------------------------------------
+    def _info(self, ask: GetStreamSegmentInfo) -> StreamSegmentInfo:
+        """What the segment holds durably; ``exists=false`` and zeros when missing (a
+        probe for ``NAME/0 .. NAME/N-1`` ends at the first one missing, without an
+        error reply that a client would have to tell from a failure)."""
+        rid, name = ask.request_id, ask.segment
+        segment = self.store.segment(name, create=False) if name else None
+        if segment is None:
+            return StreamSegmentInfo(rid, name, False, False, False, 0, 0, 0, 0, 0)
+        return StreamSegmentInfo(
+            rid,
+            name,
+            True,
+            False,
+            False,
+            segment.last_modified_us // 1000,
+            max(segment.durable_end, segment.start),
+            segment.start,
+            segment.first_event,
+            segment.durable_next_event,
+        )
+
+    def _locate(self, ask: LocateOffset) -> OffsetLocated | NoSuchSegment:
+        """The boundary ``ask`` names (:meth:`Segment.locate`), or ``NoSuchSegment``."""
+        rid, name = ask.request_id, ask.segment
+        segment = self.store.segment(name, create=False) if name else None
+        if segment is None:
+            return NoSuchSegment(rid, name, "", ask.target_offset)
+        offset, index = segment.locate(ask.target_offset, ask.events if ask.events >= 0 else None)
+        return OffsetLocated(rid, name, offset, index)
+
     # -- reads -----------------------------------------------------------------------------
     async def _read(self, read: ReadSegment) -> None:
         name, offset, rid = read.segment, read.offset, read.request_id
@@ -397,7 +445,10 @@ class ServerSession(Session):
                 return self.codec.send(SegmentIsTruncated(rid, name, e.end, str(e), offset))
         self.metrics.read_bytes.inc(len(data))
         at_tail = offset + len(data) >= durable
-        return self.codec.send(SegmentRead(name, offset, at_tail, False, data, rid))
+        formats = None
+        if read.flags & READ_FORMATS:
+            formats = SegmentRead.pack_formats(segment.formats(offset, offset + len(data)))
+        return self.codec.send(SegmentRead(name, offset, at_tail, False, data, rid, formats))
 
 
 def _check_numbers(segment: Segment, append: Append) -> None:
