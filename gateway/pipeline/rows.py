@@ -1,0 +1,259 @@
+"""The rows of the ``interchange`` data source: its exact schema, and stored events
+turned into Arrow record batches.
+
+Spark's Python data sources move data as Arrow, and Spark takes a
+``pyarrow.RecordBatch`` as is only when its schema *equals* the one Spark
+derives from the declared schema (``to_arrow_schema(schema, timezone="UTC")``):
+``string`` not ``large_string``, ``int32`` for INT, ``timestamp[us, tz=UTC]``
+for TIMESTAMP, ``map<string, string>`` (entries and keys not null) for the
+headers, every column nullable. :data:`ARROW_SCHEMA` is that schema, written
+out; a test reads it back through Spark.
+
+One row per stored event:
+
+==================  ===========  ==============================================
+column              type         an envelope (a hub message)  / a raw event
+==================  ===========  ==============================================
+``destination``     string       the destination read
+``partition``       int          its partition (the segment ``destination/N``)
+``offset``          bigint       the event's byte offset in the segment
+``timestamp``       timestamp    when the gateway stored it   / null
+``source_protocol`` string       the protocol it came in by   / null
+``listener``        string       the listener it came in by   / null
+``peer``            string       the sender's address (null when unknown) / null
+``content_type``    string       its content type, or null    / null
+``headers``         map          its headers (empty: none)    / empty
+``body``            binary       the body                     / the event's bytes
+==================  ===========  ==============================================
+
+Raw events are what a segment-append writer sent as its own bytes; envelopes
+are what every other protocol published, and what a writer in envelope mode
+(the ``interchange`` sink) appended. :func:`decode_chunk` builds the columns
+of a whole read chunk in one pass (one ``msgspec`` call per envelope, then a
+list per column), then one ``RecordBatch`` from them: Python does per-event work
+only where it cannot be avoided.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from itertools import accumulate
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+
+from gateway.durable.envelope import VERSION
+
+__all__ = ["ARROW_SCHEMA", "COLUMNS", "DDL", "ENVELOPE", "RAW", "decode_chunk", "empty_batch"]
+
+#: The payload formats a read reports (the store's RecordFormat values).
+RAW = 0
+ENVELOPE = 1
+
+#: The data source's schema as Spark DDL.
+DDL = (
+    "destination STRING, partition INT, offset BIGINT, timestamp TIMESTAMP,"
+    " source_protocol STRING, listener STRING, peer STRING, content_type STRING,"
+    " headers MAP<STRING, STRING>, body BINARY"
+)
+
+#: The Arrow schema Spark expects for :data:`DDL`, exactly.
+ARROW_SCHEMA = pa.schema(
+    [
+        ("destination", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("source_protocol", pa.string()),
+        ("listener", pa.string()),
+        ("peer", pa.string()),
+        ("content_type", pa.string()),
+        ("headers", pa.map_(pa.string(), pa.string())),
+        ("body", pa.binary()),
+    ]
+)
+COLUMNS = tuple(ARROW_SCHEMA.names)
+
+_HEADER = struct.Struct(">ii")
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
+_NO_HEADERS: dict[str, str] = {}
+
+
+class _Source(msgspec.Struct, gc=False):
+    """The source map of an envelope (``o``), the keys the rows show."""
+
+    p: str
+    l: str  # noqa: E741 (the envelope's key)
+    a: str | None = None
+
+
+class _Envelope(msgspec.Struct, gc=False):
+    """An envelope (:mod:`gateway.durable.envelope`) as the rows need it: msgspec
+    checks the types and skips the keys not named here (``p``, the identity)."""
+
+    v: int
+    b: bytes
+    s: int
+    h: dict[str, str] = _NO_HEADERS
+    c: str | None = None
+    o: _Source | None = None
+
+
+_decode_envelope = msgspec.msgpack.Decoder(_Envelope).decode
+
+
+def _frames(data: bytes, begin: int, stop: int) -> tuple[list[int], list[int]]:
+    """The positions and payload lengths of the events in ``data[begin:stop]``;
+    ValueError unless that is exactly whole events."""
+    unpack = _HEADER.unpack_from
+    positions: list[int] = []
+    lengths: list[int] = []
+    pos = begin
+    try:
+        while pos < stop:
+            kind, length = unpack(data, pos)
+            if kind or length < 0:
+                break
+            positions.append(pos)
+            lengths.append(length)
+            pos += 8 + length
+    except struct.error:
+        pass
+    if pos != stop:
+        raise ValueError(f"bad event framing at byte {pos} of the chunk")
+    return positions, lengths
+
+
+def _envelopes(
+    view: memoryview, base: int, positions: list[int], lengths: list[int]
+) -> list[_Envelope]:
+    """The envelopes at ``positions``; ValueError naming the first bad one."""
+    decode = _decode_envelope
+    try:
+        envelopes = [
+            decode(view[p + 8 : p + 8 + n]) for p, n in zip(positions, lengths, strict=True)
+        ]
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        for p, n in zip(positions, lengths, strict=True):
+            try:
+                decode(view[p + 8 : p + 8 + n])
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                raise ValueError(f"bad envelope at byte {base + p}: {e}") from None
+        raise
+    newest = max((e.v for e in envelopes), default=VERSION)
+    if newest > VERSION:
+        raise ValueError(f"an envelope of version {newest} (this gateway reads 1 to {VERSION})")
+    return envelopes
+
+
+def _envelope_batch(
+    destination: str, partition: int, base: int, data: bytes, begin: int, stop: int
+) -> pa.RecordBatch:
+    """Rows of envelopes: one msgspec call per event, then a list per column."""
+    positions, lengths = _frames(data, begin, stop)
+    envelopes = _envelopes(memoryview(data), base, positions, lengths)
+    n = len(envelopes)
+    sources = [e.o for e in envelopes]
+    headers = [e.h for e in envelopes]
+    stored = np.fromiter((e.s for e in envelopes), dtype=np.int64, count=n) * 1000
+    header_map = pa.MapArray.from_arrays(
+        pa.array(list(accumulate(map(len, headers), initial=0)), pa.int32()),
+        pa.array([k for h in headers for k in h], pa.string()),
+        pa.array([v for h in headers for v in h.values()], pa.string()),
+        type=ARROW_SCHEMA.field("headers").type,
+    )
+    return _batch(
+        destination,
+        partition,
+        [base + p for p in positions],
+        pa.array(stored, _TIMESTAMP),
+        [
+            pa.array([s.p if s else None for s in sources], pa.string()),
+            pa.array([s.l if s else None for s in sources], pa.string()),
+            pa.array([s.a if s else None for s in sources], pa.string()),
+            pa.array([e.c for e in envelopes], pa.string()),
+        ],
+        header_map,
+        [e.b for e in envelopes],
+    )
+
+
+def _raw_batch(
+    destination: str, partition: int, base: int, data: bytes, begin: int, stop: int
+) -> pa.RecordBatch:
+    """Rows of raw events: only the offset and the body are known."""
+    positions, lengths = _frames(data, begin, stop)
+    n = len(positions)
+    no_text = pa.nulls(n, pa.string())
+    no_headers = pa.MapArray.from_arrays(
+        pa.array(np.zeros(n + 1, dtype=np.int32)),
+        pa.array([], pa.string()),
+        pa.array([], pa.string()),
+        type=ARROW_SCHEMA.field("headers").type,
+    )
+    return _batch(
+        destination,
+        partition,
+        [base + p for p in positions],
+        pa.nulls(n, _TIMESTAMP),
+        [no_text, no_text, no_text, no_text],
+        no_headers,
+        [data[p + 8 : p + 8 + ln] for p, ln in zip(positions, lengths, strict=True)],
+    )
+
+
+def _batch(
+    destination: str,
+    partition: int,
+    offsets: list[int],
+    timestamps: pa.Array,
+    texts: list[pa.Array],
+    headers: pa.Array,
+    bodies: list[bytes],
+) -> pa.RecordBatch:
+    """The batch of the columns, the constant ones filled in."""
+    n = len(offsets)
+    arrays: list[Any] = [
+        pa.array([destination] * n, pa.string()),
+        pa.array(np.full(n, partition, dtype=np.int32)),
+        pa.array(offsets, pa.int64()),
+        timestamps,
+        *texts,
+        headers,
+        pa.array(bodies, pa.binary()),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+
+
+def decode_chunk(
+    destination: str,
+    partition: int,
+    offset: int,
+    data: bytes,
+    formats: Sequence[tuple[int, int]],
+) -> Iterator[pa.RecordBatch]:
+    """The rows of the whole events in ``data``, read from byte ``offset`` of the
+    segment of ``partition``: a batch per run of ``formats``, the read's
+    ``(offset, format)`` entries (each format holds from its offset to the next
+    entry's). ValueError for bad framing, a bad envelope or a format other than
+    raw and envelope (a record the store found damaged), naming the byte."""
+    runs = list(formats) or [(offset, RAW)]
+    for i, (at, kind) in enumerate(runs):
+        begin = at - offset
+        stop = runs[i + 1][0] - offset if i + 1 < len(runs) else len(data)
+        if begin == stop:
+            continue
+        if kind == ENVELOPE:
+            yield _envelope_batch(destination, partition, offset, data, begin, stop)
+        elif kind == RAW:
+            yield _raw_batch(destination, partition, offset, data, begin, stop)
+        else:
+            raise ValueError(f"the events at byte {at} have format {kind} (damaged in the store)")
+
+
+def empty_batch() -> pa.RecordBatch:
+    """A batch of no rows with :data:`ARROW_SCHEMA`."""
+    return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
