@@ -55,6 +55,14 @@ from gateway.sdk import (
 
 from .codec import ClientCodec
 from .codec import EventReassembler as Reassembler
+from .errors import (
+    NoSuchSegmentError,
+    SegmentClientError,
+    SegmentError,
+    SegmentSealedError,
+    SegmentTruncatedError,
+    refusal,
+)
 from .events import (
     MAX_EVENT_PAYLOAD,
     AppendSetup,
@@ -81,6 +89,7 @@ __all__ = [
     "Appender",
     "NoSuchSegmentError",
     "PendingAppend",
+    "SegmentClientError",
     "SegmentError",
     "SegmentReader",
     "SegmentSealedError",
@@ -110,52 +119,6 @@ _CLOSING = (InvalidEventNumber, WrongHost, *_REFUSALS)
 
 
 # -- errors and results ---------------------------------------------------------------------
-
-
-class SegmentError(ProtocolError):
-    """The server refused a request about :attr:`segment` (the connection is fine)."""
-
-    def __init__(self, segment: str, message: str) -> None:
-        super().__init__(message)
-        self.segment = segment
-
-
-class NoSuchSegmentError(SegmentError):
-    """The segment does not exist (and the server does not create it)."""
-
-
-class SegmentSealedError(SegmentError):
-    """The segment takes no more appends."""
-
-
-class SegmentTruncatedError(SegmentError):
-    """The offset read is below the segment's retained start, :attr:`start_offset`; or,
-    from an Interchange gateway, inside a damaged record it never serves, which ends at
-    :attr:`start_offset`. Either way, reading may go on there."""
-
-    def __init__(self, segment: str, message: str, start_offset: int) -> None:
-        super().__init__(segment, message)
-        self.start_offset = start_offset
-
-
-def refusal(command: Command) -> SegmentError:
-    """The typed error of a server's error reply."""
-    segment = getattr(command, "segment", "")
-    if isinstance(command, NoSuchSegment):
-        return NoSuchSegmentError(segment, f"no segment {segment!r}")
-    if isinstance(command, SegmentIsSealed):
-        return SegmentSealedError(segment, f"segment {segment!r} is sealed")
-    if isinstance(command, SegmentIsTruncated):
-        why = f": {command.server_stack_trace}" if command.server_stack_trace else ""
-        return SegmentTruncatedError(
-            segment,
-            f"segment {segment!r} can be read from offset {command.start_offset}, not from "
-            f"{command.offset}{why}",
-            command.start_offset,
-        )
-    if isinstance(command, ErrorMessage):
-        return SegmentError(segment, f"segment {segment!r}: {command.message}")
-    return SegmentError(segment, f"the server refused: {command!r}")
 
 
 @dataclass(frozen=True, slots=True)
