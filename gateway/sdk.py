@@ -40,7 +40,7 @@ The names, by what they are for:
   ``interchange.transports``): ``Transport``, ``StreamLayer``, ``TlsLayer``;
 * the storage engine, for a protocol that speaks it natively (segment
   append): ``Store``, ``Segment``, ``SegmentTruncated``, ``SegmentDamaged``,
-  and ``envelope``, how the hub's messages are stored.
+  ``RecordFormat``, and ``envelope``, how the hub's messages are stored.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ if TYPE_CHECKING:
     from gateway.protocol.session import NotKept, Session
     from gateway.protocol.subscriber import MAX_DEMAND, Demand, Feed, FeedStop, Subscriber
     from gateway.protocol.tags import NotACall, SerialSpace, UnknownTag
-    from gateway.store import Segment, SegmentTruncated, Store
+    from gateway.store import RecordFormat, Segment, SegmentTruncated, Store
     from gateway.store.segment import SegmentDamaged
     from gateway.transports.base import StreamLayer, Transport, address_host
     from gateway.transports.tcp import TcpTransport
@@ -152,7 +152,7 @@ _WHERE: dict[str, tuple[str, str]] = {
         for n in ("MAX_DEMAND", "Demand", "Feed", "FeedStop", "Subscriber")
     },
     **{n: ("gateway.protocol.tags", n) for n in ("NotACall", "SerialSpace", "UnknownTag")},
-    **{n: ("gateway.store", n) for n in ("Segment", "SegmentTruncated", "Store")},
+    **{n: ("gateway.store", n) for n in ("RecordFormat", "Segment", "SegmentTruncated", "Store")},
     "SegmentDamaged": ("gateway.store.segment", "SegmentDamaged"),
     "address_host": ("gateway.transports.base", "address_host"),
     "StreamLayer": ("gateway.transports.base", "StreamLayer"),
@@ -222,6 +222,7 @@ __all__ = [
     "Reason",
     "Receipt",
     "ReceiveBuffer",
+    "RecordFormat",
     "RemoteProtocolError",
     "Reply",
     "Segment",

@@ -30,6 +30,15 @@ embedded :class:`~gateway.store.Store`:
   is the end of the damaged record, where the reader goes on. A read whose
   ``flags`` ask for :data:`~.events.READ_FORMATS` also gets the payload
   formats of the bytes returned (``SegmentRead.formats``).
+* A writer set up with ``payload_format`` 1 (envelopes) has each event of
+  each block checked as a hub message envelope (:mod:`gateway.durable.envelope`)
+  before anything of the block is stored, and a source identity in it is
+  refused (only the gateway's TLS layer verifies an identity); the block is
+  stored as records of format ``ENVELOPE``, which every subscriber of the
+  durable destination reads as messages. A bad block gets ``ErrorMessage``
+  ("event K of the block: why", K from 0), then the connection closes. An
+  unknown payload format is refused with ``ErrorMessage`` (the connection
+  stays open).
 * ``GetStreamSegmentInfo`` is answered ``StreamSegmentInfo`` from the
   segment's durable state (its write offset is the durable end, what reads
   can return); a missing segment is ``exists=false`` with zeros, and is
@@ -56,6 +65,7 @@ from gateway.sdk import (
     NotKept,
     Outcome,
     Receipt,
+    RecordFormat,
     RemoteProtocolError,
     Segment,
     SegmentDamaged,
@@ -63,6 +73,7 @@ from gateway.sdk import (
     Session,
     StorageFull,
     Store,
+    envelope,
 )
 
 from .codec import Limits, SegmentProtocolError, ServerCodec
@@ -79,13 +90,14 @@ from .events import (
     LocateOffset,
     NoSuchSegment,
     OffsetLocated,
+    PayloadFormat,
     ReadSegment,
     SegmentIsTruncated,
     SegmentRead,
     SetupAppend,
     StreamSegmentInfo,
 )
-from .frames import encode
+from .frames import HEADER, encode
 
 __all__ = ["ServerMetrics", "ServerSession", "ServerSettings"]
 
@@ -102,6 +114,12 @@ MAX_HELD_READS = 256
 RECEIVE_SIZE = 1 << 20
 #: ``ErrorMessage.error_code`` for an argument the server refuses (Pravega's ILLEGAL_ARGUMENT).
 ILLEGAL_ARGUMENT = 0
+#: The store's record format of each payload format a writer may ask for.
+_RECORD_FORMATS: dict[int, RecordFormat] = {
+    PayloadFormat.RAW: RecordFormat.RAW,
+    PayloadFormat.ENVELOPE: RecordFormat.ENVELOPE,
+}
+_FORMATS = frozenset(_RECORD_FORMATS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +247,14 @@ class ServerSession(Session):
 
     # -- appends ---------------------------------------------------------------------------
     async def _setup(self, setup: SetupAppend) -> None:
+        if setup.payload_format not in _FORMATS:
+            message = f"unknown payload format {setup.payload_format} (0 raw, 1 envelope)"
+            self.write(
+                self.codec.send(
+                    ErrorMessage(setup.request_id, setup.segment, message, ILLEGAL_ARGUMENT)
+                )
+            )
+            return
         segment = self._segment(setup.segment, create=self.settings.auto_create, request=setup)
         if segment is None:
             return
@@ -246,6 +272,8 @@ class ServerSession(Session):
                     setup.segment,
                     setup.writer_id,
                     NULL_EVENT_NUMBER if last is None else last,
+                    # echoed when asked for: a raw writer's answer is Pravega's, byte for byte
+                    setup.payload_format or -1,
                 )
             )
         )
@@ -307,6 +335,8 @@ class ServerSession(Session):
             raise NotKept(f"segment {append.segment!r} is gone")
         writer = append.writer_id
         _check_numbers(segment, append)
+        if append.payload_format == PayloadFormat.ENVELOPE:
+            _check_envelopes(append)
         block = _Block(append, self._setups.get(writer), len(append.data))
         await self.submit(
             functools.partial(self._store, segment, block), functools.partial(self._answer, block)
@@ -331,6 +361,7 @@ class ServerSession(Session):
                     writer=append.writer_id,
                     last_event_number=append.last_event_number,
                     verified=True,  # the codec counted its frames (assemble)
+                    format=_RECORD_FORMATS[append.payload_format],
                 )
                 break
             except trio.ClosedResourceError:
@@ -449,6 +480,31 @@ class ServerSession(Session):
         if read.flags & READ_FORMATS:
             formats = SegmentRead.pack_formats(segment.formats(offset, offset + len(data)))
         return self.codec.send(SegmentRead(name, offset, at_tail, False, data, rid, formats))
+
+
+def _check_envelopes(append: Append) -> None:
+    """Refuse a block of an envelope writer unless every event is an envelope this
+    gateway reads and claims no verified identity (nothing of the block is stored)."""
+    data = append.data
+    unpack = HEADER.unpack_from
+    pos = 0
+    for k in range(append.event_count):
+        length = unpack(data, pos)[1]
+        payload = memoryview(data)[pos + 8 : pos + 8 + length]
+        pos += 8 + length
+        try:
+            message = envelope.decode(payload, append.segment)
+        except ValueError as e:
+            why = str(e)
+        else:
+            if message.source is None or message.source.identity is None:
+                continue
+            why = "a source identity ('o'.'i') is the gateway's to verify, not a writer's claim"
+        text = f"event {k} of the block: {why}"
+        raise SegmentProtocolError(
+            f"writer {append.writer_id}: {text}",
+            ErrorMessage(append.request_id, append.segment, text, ILLEGAL_ARGUMENT),
+        )
 
 
 def _check_numbers(segment: Segment, append: Append) -> None:
