@@ -51,6 +51,7 @@ __all__ = [
     "Offsets",
     "Planner",
     "SegmentRange",
+    "checked_start",
     "offsets_from_json",
     "offsets_to_json",
     "parse_offsets",
@@ -203,6 +204,34 @@ def share(total: int, available: Mapping[tuple[str, int], int]) -> dict[tuple[st
     return out
 
 
+def checked_start(
+    destination: str,
+    partition: int,
+    start: int,
+    retained: int,
+    *,
+    fail: bool,
+    why: str = "were dropped by retention",
+) -> int:
+    """``start``, or ``retained`` when the bytes before it are gone (``why``) before
+    ``start`` was read: DataLossError when ``fail`` (``failOnDataLoss``), else a
+    WARNING. Both name the segment and the bytes lost."""
+    if start >= retained:
+        return start
+    segment = segment_name(destination, partition)
+    facts = (
+        f"segment {segment!r}: bytes {start} to {retained} ({retained - start} bytes)"
+        f" {why} before this query read them"
+    )
+    if fail:
+        raise DataLossError(
+            f"{facts}; the query stops (failOnDataLoss is true; set it to false to"
+            f" skip to byte {retained})"
+        )
+    log.warning("%s; skipping to byte %d (failOnDataLoss is false)", facts, retained)
+    return retained
+
+
 class Planner:
     """Planning over ``service`` for the destinations a query reads.
 
@@ -265,22 +294,8 @@ class Planner:
     # -- data loss -------------------------------------------------------------
 
     def checked_start(self, destination: str, partition: int, start: int, retained: int) -> int:
-        """``start``, or ``retained`` when retention dropped bytes before ``start``
-        was read: DataLossError under ``fail_on_data_loss``, else a WARNING."""
-        if start >= retained:
-            return start
-        segment = segment_name(destination, partition)
-        facts = (
-            f"segment {segment!r}: bytes {start} to {retained} ({retained - start} bytes)"
-            f" were dropped by retention before this query read them"
-        )
-        if self.fail_on_data_loss:
-            raise DataLossError(
-                f"{facts}; the query stops (failOnDataLoss is true; set it to false to"
-                f" skip to the retained start, byte {retained})"
-            )
-        log.warning("%s; skipping to the retained start (failOnDataLoss is false)", facts)
-        return retained
+        """:func:`checked_start` under this planner's ``fail_on_data_loss``."""
+        return checked_start(destination, partition, start, retained, fail=self.fail_on_data_loss)
 
     # -- streaming triggers ----------------------------------------------------
 

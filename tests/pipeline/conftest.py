@@ -90,10 +90,10 @@ def pipeline_config(data_dir: Path, **extra: Any) -> dict[str, Any]:
             },
         ],
         "destinations": [
-            {"name": "logs", "kind": "log", "store": "embedded"},
+            {"name": "logs", "kind": "queue", "store": "embedded"},
             {
                 "name": "parts",
-                "kind": "log",
+                "kind": "topic",
                 "store": "embedded",
                 "partitions": 3,
                 "partition_key": "key",

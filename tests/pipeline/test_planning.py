@@ -234,7 +234,7 @@ def test_without_fail_on_data_loss_the_start_skips_and_warns(
     [record] = caplog.records
     assert record.levelno == logging.WARNING
     assert "segment 'logs/0': bytes 100 to 400 (300 bytes)" in record.getMessage()
-    assert "skipping to the retained start" in record.getMessage()
+    assert "skipping to byte 400" in record.getMessage()
 
 
 def test_a_batch_wholly_dropped_reads_nothing() -> None:

@@ -4,13 +4,14 @@ framed as a segment keeps them, decoded into Arrow batches of the exact schema."
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import msgpack
 import pytest
 
 from gateway.core.model import Message, PeerIdentity, Source
 from gateway.durable import envelope
-from gateway.pipeline.rows import ARROW_SCHEMA, ENVELOPE, RAW, decode_chunk, empty_batch
+from gateway.pipeline.rows import ARROW_SCHEMA, DDL, ENVELOPE, RAW, decode_chunk, empty_batch
 from gateway.store.records import frame_events
 
 STORED = 1_800_000_000.123  # seconds since the epoch
@@ -26,6 +27,14 @@ def messages() -> list[Message]:
         Message("logs", b"plain"),
         Message("logs", b"\x00\xff", {}, None, tls),
     ]
+
+
+@pytest.mark.spark
+def test_the_arrow_schema_is_what_spark_expects_for_the_ddl(spark: Any) -> None:
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import _parse_datatype_string
+
+    assert to_arrow_schema(_parse_datatype_string(DDL), timezone="UTC").equals(ARROW_SCHEMA)
 
 
 def test_envelopes_become_rows_with_their_headers_content_type_and_source() -> None:
