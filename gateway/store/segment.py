@@ -543,7 +543,9 @@ class Segment:
         durable end (whose index is :attr:`durable_next_event`). Found with the
         record index (offsets and first events); a record holding several events is
         read only when the answer falls inside it (the store's record cache keeps
-        it), never a scan. Inside a damaged record, its start is the boundary."""
+        it), never a scan. A damaged record's events have no known boundaries: B
+        inside one is its start, and counting ``n`` events into one answers its
+        end (so a planner stepping forward always gets past it)."""
         end = max(self.durable_end, self.start)
         last = self.durable_next_event
         target = min(max(target, self.start), end)
@@ -556,7 +558,19 @@ class Segment:
         index = min(index + events, last)
         if index >= last:
             return end, last
-        return self.event_offset(index), index
+        return self._event_boundary(index)
+
+    def _event_boundary(self, index: int) -> tuple[int, int]:
+        """Where event ``index`` starts, and ``index``; past a damaged record holding it."""
+        chunk = self._chunk_at_event(index)
+        r = chunk.record_of_event(index)
+        offset, length, first, count = chunk.record_bounds(r)
+        if index == first:
+            return offset, index
+        fmt, _, offsets = self._record(chunk, r)
+        if fmt is RecordFormat.CORRUPT:
+            return offset + length, first + count
+        return offset + offsets[index - first], index
 
     def _boundary_at(self, target: int) -> tuple[int, int]:
         """The last event boundary at or before ``target`` (retained, below the end)."""

@@ -127,3 +127,20 @@ async def test_last_modified_is_the_newest_durable_appends_time(tmp_path: Path) 
         end = segment.append(events(b"x"), 1).end
         await segment.durable(end)
         assert before <= segment.last_modified_us <= store.now_us()
+
+
+async def test_inside_a_damaged_record_its_start_is_the_boundary(tmp_path: Path) -> None:
+    from test_store_damaged_reads import damaged_store
+    from test_store_recovery import REC
+
+    async with Store.open(await damaged_store(tmp_path, "by a read")) as store:
+        segment = store.segment("s")
+        # Four records of three events; the second's data is damaged.
+        assert segment.locate(REC + 30) == (REC, 3)
+        assert segment.locate(2 * REC - 1) == (REC, 3)
+        # Its events have no known boundaries: counting into it answers its end.
+        assert segment.locate(0, 4) == (2 * REC, 6)
+        assert segment.locate(REC, 1) == (2 * REC, 6)
+        assert segment.locate(0, 3) == (REC, 3)
+        assert segment.locate(2 * REC + 1) == (2 * REC, 6)
+        assert segment.formats(0, 4 * REC)[0] == (0, RAW)
