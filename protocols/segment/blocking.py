@@ -668,6 +668,9 @@ class BlockingWriter:
         self._rid = 0
         #: Events this writer stored, in all.
         self._stored = 0
+        #: (last number, events) of the blocks sent and not acked when the last
+        #: connection ended: the next ``AppendSetup`` says which were stored.
+        self._unacked: deque[tuple[int, int]] = deque()
         self._set_up()
 
     def __enter__(self) -> BlockingWriter:
@@ -707,6 +710,10 @@ class BlockingWriter:
             raise
         last = reply.last_event_number
         self.last_event_number = None if last in (NULL_EVENT_NUMBER, 0) else last
+        stored = max(last, 0)
+        for number, count in self._unacked:  # stored, with their acks lost
+            self._stored += max(0, min(number, stored) - (number - count))
+        self._unacked.clear()
         self._conn = conn
 
     def append(self, payloads: Sequence[bytes], first_event_number: int) -> int:
@@ -716,7 +723,9 @@ class BlockingWriter:
         Returns once the server acknowledged every event sent (durable, for a gateway).
         A lost connection, or a refusal because another attempt of the same writer
         stored some of them first, makes it set up again and go on with what is not
-        stored yet."""
+        stored yet. Events whose acks the lost connection took count as stored by
+        this call when the new ``AppendSetup`` covers them: while two attempts with
+        one writer id race, both may count such an event (it is stored once)."""
         n = len(payloads)
         if first_event_number < 1 or first_event_number + n - 1 > _MAX_I64:
             raise ValueError(f"event numbers {first_event_number}..+{n} are outside 1..2**63-1")
@@ -739,6 +748,7 @@ class BlockingWriter:
                     time.sleep(min(0.05 * 2**failures, 2.0))
             except BaseException:
                 self.close()
+                self._unacked.clear()
                 raise
 
     def _send(self, payloads: Sequence[bytes], first: int) -> None:
@@ -750,7 +760,7 @@ class BlockingWriter:
         i = 0 if last is None else min(max(last - first + 1, 0), len(payloads))
         skip = i
         ends = list(itertools.accumulate([len(p) + 8 for p in payloads[skip:]]))
-        in_flight: deque[tuple[int, int]] = deque()  # (last number, events) of each block
+        in_flight = self._unacked  # (last number, events) of each block
         while i < len(payloads) or in_flight:
             if i < len(payloads) and len(in_flight) < self.max_blocks_in_flight:
                 base = ends[i - skip - 1] if i > skip else 0
