@@ -10,11 +10,16 @@ bounded number may be in flight. When the connection fails the writer
 reconnects with a backoff, sets each writer up again, and resends exactly the
 events the server did not store durably, with their original numbers: the
 ``AppendSetup`` answer says how far each writer got, and the server refuses
-numbers it has stored, so nothing is lost or duplicated.
+numbers it has stored, so nothing is lost or duplicated. The caller may number
+the events itself (``first_event_number``), so that a retried process's events
+that the server has already are skipped, and a writer may append message
+envelopes (``envelope=True``) that the server stores as messages.
 
 :class:`SegmentReader` reads a segment from an offset as ``(offset, payload)``
 pairs, following the tail if asked, whatever the server's replies look like
-(several per request, cut inside an event).
+(several per request, cut inside an event); ``read_stored`` adds each event's
+payload format. ``info`` tells a segment's retained start and durable end, and
+``locate`` finds event boundaries from the server's index.
 
 :class:`Appender` and :func:`run_appender` are what both the writer and the
 gateway's segment upstream are made of: the writers' state that outlives a
@@ -33,7 +38,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from uuid import UUID, uuid4
 
 import trio
@@ -53,6 +58,7 @@ from gateway.sdk import (
     start_tls,
 )
 
+from .blocking import SegmentInfo, StoredEvent
 from .codec import ClientCodec
 from .codec import EventReassembler as Reassembler
 from .errors import (
@@ -65,22 +71,28 @@ from .errors import (
 )
 from .events import (
     MAX_EVENT_PAYLOAD,
+    READ_FORMATS,
     AppendSetup,
     AuthTokenCheckFailed,
     Command,
     DataAppended,
     ErrorMessage,
+    GetStreamSegmentInfo,
     Hello,
     InvalidEventNumber,
     KeepAlive,
+    LocateOffset,
     NoSuchSegment,
+    OffsetLocated,
     OperationUnsupported,
+    PayloadFormat,
     ReadSegment,
     SegmentAlreadyExists,
     SegmentIsSealed,
     SegmentIsTruncated,
     SegmentRead,
     SetupAppend,
+    StreamSegmentInfo,
     WrongHost,
 )
 
@@ -91,10 +103,13 @@ __all__ = [
     "PendingAppend",
     "SegmentClientError",
     "SegmentError",
+    "SegmentInfo",
     "SegmentReader",
     "SegmentSealedError",
     "SegmentTruncatedError",
     "SegmentWriter",
+    "StoredEvent",
+    "StoredEvents",
     "WriterSettings",
     "open_stream",
     "run_appender",
@@ -116,6 +131,7 @@ _REFUSALS = (
 )
 #: Answers after which the server closes; a new connection sets every writer up again.
 _CLOSING = (InvalidEventNumber, WrongHost, *_REFUSALS)
+_MAX_EVENT_NUMBER = 2**63 - 1
 
 
 # -- errors and results ---------------------------------------------------------------------
@@ -218,6 +234,7 @@ class Lane:
 
     __slots__ = (
         "at",
+        "chosen",
         "count",
         "cursor",
         "head",
@@ -250,6 +267,8 @@ class Lane:
         self.next_number = 1
         #: The highest event number ever sent (what is sent again counts as resent).
         self.high = 0
+        #: Whether the caller numbers this lane's events (None: no event added yet).
+        self.chosen: bool | None = None
 
     def rewind(self) -> None:
         """Nothing is sent on the connection now: the next send starts at the front."""
@@ -282,10 +301,14 @@ class Appender:
         writer_id: Callable[[str], UUID] | None = None,
         max_events: int = 1000,
         max_bytes: int = 16 * 2**20,
+        payload_format: int = PayloadFormat.RAW,
     ) -> None:
         if max_events < 1 or max_bytes < 1:
             raise ValueError("the window must hold at least one event and one byte")
         self.on_acked = on_acked
+        #: What every writer's ``SetupAppend`` asks for: raw payloads, or envelopes
+        #: the server checks and stores as messages.
+        self.payload_format = payload_format
         self.on_refused = on_refused
         self.writer_id = writer_id or (lambda _segment: uuid4())
         self.max_events = max_events
@@ -330,8 +353,19 @@ class Appender:
         while self.events:
             await self._room.park()
 
-    def add(self, segment: str, payloads: Sequence[bytes], tokens: Sequence[Any] = ()) -> None:
-        """Queue ``payloads`` for ``segment`` (``tokens`` in step, or none), without waiting."""
+    def add(
+        self,
+        segment: str,
+        payloads: Sequence[bytes],
+        tokens: Sequence[Any] = (),
+        first_event_number: int | None = None,
+    ) -> None:
+        """Queue ``payloads`` for ``segment`` (``tokens`` in step, or none), without waiting.
+
+        With ``first_event_number`` the events carry the caller's numbers (rising
+        from one add to the next); those the server has stored already for the
+        writer id are dropped at its ``AppendSetup`` as if acked. A lane is numbered
+        by the caller or by the appender, never both."""
         if not payloads:
             return
         payloads = list(payloads)
@@ -341,13 +375,36 @@ class Appender:
         ends = list(itertools.accumulate(sizes))
         n = len(payloads)
         lane = self.lane(segment)
-        lane.runs.append(_Run(payloads, ends, tokens))
+        run = _Run(payloads, ends, tokens)
+        self._number(lane, run, first_event_number)
+        lane.runs.append(run)
         lane.count += n
         lane.nbytes += ends[-1]
         self.events += n
         self.bytes += ends[-1]
         if self.changed:
             self.changed.unpark_all()
+
+    @staticmethod
+    def _number(lane: Lane, run: _Run, first: int | None) -> None:
+        """Number ``run`` now with the caller's numbers, or leave it to ``take``."""
+        chosen = first is not None
+        if lane.chosen is not None and lane.chosen != chosen:
+            raise ValueError(
+                f"segment {lane.name!r}: a writer's events are numbered by the caller or by"
+                " the writer, not both"
+            )
+        lane.chosen = chosen
+        if first is None:
+            return
+        last = first + len(run.payloads) - 1
+        if first < max(lane.next_number, 1) or last > _MAX_EVENT_NUMBER:
+            raise ValueError(
+                f"segment {lane.name!r}: event numbers {first}..{last} must lie above"
+                f" {lane.next_number - 1} (the last one this writer used) and below 2**63"
+            )
+        run.first = first
+        lane.next_number = last + 1
 
     def fail_all(self, error: BaseException) -> list[Any]:
         """Drop every event; the tokens of those not acked."""
@@ -527,6 +584,8 @@ class AppendSession(Session):
         self._ready: dict[UUID, Lane] = {}
         #: Setups sent and not answered: request id → lane.
         self._setups: dict[int, Lane] = {}
+        #: The setup request id of each lane set up (its blocks carry it).
+        self._lane_ids: dict[int, Lane] = {}
         self._setting_up: set[str] = set()
         self._heard_at = trio.current_time()
         self._keepalive_owed = False
@@ -558,9 +617,12 @@ class AppendSession(Session):
                 raise RemoteProtocolError(f"{event!r} answers no setup of ours")
             lane = self._setups.pop(rid)
             self._setting_up.discard(lane.name)
+            if not self._accepts_format(lane, event):
+                return
             self.appender.set_up(lane, event.last_event_number)
             if self.appender.lanes.get(lane.name) is lane:
                 self._ready[lane.writer_id] = lane
+                self._lane_ids[rid] = lane
                 self.appender.changed.unpark_all()
         elif isinstance(event, Hello):
             if not event.compatible:
@@ -577,10 +639,31 @@ class AppendSession(Session):
             lane = self._setups.pop(event.request_id)
             self._setting_up.discard(lane.name)
             self.appender.refuse(lane, refusal(event))
+        elif isinstance(event, ErrorMessage) and event.request_id in self._lane_ids:
+            # A block the server refused (an envelope that does not decode): retrying
+            # cannot help, so the lane's events fail; the server closes the connection.
+            lane = self._lane_ids.pop(event.request_id)
+            self._ready.pop(lane.writer_id, None)
+            self.appender.refuse(lane, refusal(event))
+            raise RemoteProtocolError(f"the server refused a block: {event.message}")
         elif isinstance(event, _CLOSING):
             raise RemoteProtocolError(f"the server answered {event!r}")
         else:
             raise RemoteProtocolError(f"unexpected {type(event).__name__} on a writer connection")
+
+    def _accepts_format(self, lane: Lane, setup: AppendSetup) -> bool:
+        """Whether the server took the payload format asked for; if not, the lane's
+        events fail (a server too old for envelopes would store them as raw bytes)."""
+        wanted = self.appender.payload_format
+        if wanted == PayloadFormat.RAW or setup.payload_format == wanted:
+            return True
+        error = SegmentError(
+            lane.name,
+            f"segment {lane.name!r}: the server did not accept payload format {wanted} (its"
+            " AppendSetup did not echo it): the gateway is too old for envelope writers",
+        )
+        self.appender.refuse(lane, error)
+        return False
 
     # -- sending ---------------------------------------------------------------------------
     def _owed(self) -> bool:
@@ -610,7 +693,8 @@ class AppendSession(Session):
             rid = next(self._ids)
             self._setups[rid] = lane
             self._setting_up.add(lane.name)
-            self.write(self.codec.send(SetupAppend(rid, lane.writer_id, lane.name, "")))
+            fmt = self.appender.payload_format
+            self.write(self.codec.send(SetupAppend(rid, lane.writer_id, lane.name, "", fmt)))
             self._arm()
 
     async def _send_loop(self) -> None:
@@ -730,6 +814,7 @@ class SegmentWriter:
         max_inflight: int,
         max_inflight_bytes: int,
         backoff: Backoff,
+        envelope: bool = False,
     ) -> None:
         self._connect = connect
         self.settings = settings
@@ -741,6 +826,7 @@ class SegmentWriter:
             writer_id=ids or self._writer_id,
             max_events=max_inflight,
             max_bytes=max_inflight_bytes,
+            payload_format=PayloadFormat.ENVELOPE if envelope else PayloadFormat.RAW,
         )
         self.backoff = backoff
         #: Connections made, and the last failure (for callers that watch).
@@ -763,6 +849,7 @@ class SegmentWriter:
         max_inflight_bytes: int = 16 * 2**20,
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,
+        envelope: bool = False,
     ) -> AsyncIterator[SegmentWriter]:
         """Connect to ``address`` (``host:port`` or ``unix:/path``; TLS with
         ``ssl_context``) and append while the block runs.
@@ -771,6 +858,13 @@ class SegmentWriter:
         are retried for ever with a backoff. Leaving the block closes the
         connection: events not acked by then fail with ``trio.ClosedResourceError``
         (call :meth:`flush` first to wait for them).
+
+        With ``envelope`` every event is a message envelope (as
+        ``gateway.durable.envelope`` encodes them), which the server checks and
+        stores as a message: subscribers of the durable destination receive its
+        headers, content type and source. A server too old for it fails the
+        appends with :class:`SegmentError`; a payload that is not an envelope fails
+        its segment's appends with the server's reason.
         """
 
         async def connect() -> trio.abc.Stream:
@@ -786,6 +880,7 @@ class SegmentWriter:
             max_inflight=max_inflight,
             max_inflight_bytes=max_inflight_bytes,
             backoff=Backoff(backoff_initial, backoff_max),
+            envelope=envelope,
         )
         try:
             async with trio.open_nursery() as nursery:
@@ -798,25 +893,40 @@ class SegmentWriter:
             writer._close()
 
     # -- appending -------------------------------------------------------------------------
-    async def submit(self, segment: str, payload: bytes) -> PendingAppend:
-        """Queue one event once the window has room; await the handle's ``wait()``."""
+    async def submit(
+        self, segment: str, payload: bytes, *, event_number: int | None = None
+    ) -> PendingAppend:
+        """Queue one event once the window has room; await the handle's ``wait()``.
+        ``event_number``: the caller's number for it (see :meth:`append_many`)."""
         self._check_open()
         await self.appender.wait_for_room(1, len(payload))
         self._check_open()
         handle = PendingAppend()
-        self.appender.add(segment, [payload], [handle])
+        self.appender.add(segment, [payload], [handle], event_number)
         return handle
 
-    async def append(self, segment: str, payload: bytes) -> Acked:
+    async def append(
+        self, segment: str, payload: bytes, *, event_number: int | None = None
+    ) -> Acked:
         """Append one event; return once the server acknowledged it."""
-        return await (await self.submit(segment, payload)).wait()
+        return await (await self.submit(segment, payload, event_number=event_number)).wait()
 
-    async def append_many(self, segment: str, payloads: Sequence[bytes]) -> Acked | None:
+    async def append_many(
+        self, segment: str, payloads: Sequence[bytes], *, first_event_number: int | None = None
+    ) -> Acked | None:
         """Append events in order; return once the server acknowledged the last
         (the :class:`Acked` of the last one; None for no payloads).
 
         Events are handed over in chunks of as many as the window has room for
-        (at least one, at most 1000), each sliced from ``payloads`` once."""
+        (at least one, at most 1000), each sliced from ``payloads`` once.
+
+        With ``first_event_number`` the events are numbered ``first_event_number``,
+        ``+1``, … by the caller instead of the writer: a process that appends the
+        same events with the same numbers again (a retried task, with the same
+        writer id) has those the server stored already skipped, and acked with
+        ``segment_write_offset`` -1. Numbers must rise from one call to the next,
+        and a segment's events are numbered by the caller or by the writer, not
+        both."""
         last: PendingAppend | None = None
         appender = self.appender
         total = len(payloads)
@@ -834,7 +944,8 @@ class SegmentWriter:
             fit = bisect.bisect_right(list(itertools.accumulate(map(len, chunk))), nbytes)
             del chunk[max(fit, 1) :]
             last = PendingAppend()
-            appender.add(segment, chunk, [None] * (len(chunk) - 1) + [last])
+            first = None if first_event_number is None else first_event_number + i
+            appender.add(segment, chunk, [None] * (len(chunk) - 1) + [last], first)
             i += len(chunk)
         return await last.wait() if last is not None else None
 
@@ -953,6 +1064,66 @@ class SegmentReader:
         when the server does not answer within ``timeout``."""
         return SegmentEvents(self, segment, offset, follow, suggested_length)
 
+    def read_stored(
+        self,
+        segment: str,
+        offset: int = 0,
+        *,
+        follow: bool = True,
+        suggested_length: int = 2**20,
+    ) -> StoredEvents:
+        """As :meth:`read`, but each event as a :class:`StoredEvent` that also says its
+        payload format: 0 raw (a writer's own bytes), 1 envelope (a message the
+        hub stored, or an envelope writer's: decode it with
+        ``gateway.durable.envelope.decode``)."""
+        events = SegmentEvents(self, segment, offset, follow, suggested_length, READ_FORMATS)
+        return StoredEvents(events)
+
+    async def info(self, segment: str) -> SegmentInfo:
+        """What ``segment`` holds: its retained start, durable end and event indexes
+        (``exists`` false, and zeros, for a segment that does not exist)."""
+        reply = await self._call(GetStreamSegmentInfo(next(self._ids), segment))
+        if not isinstance(reply, StreamSegmentInfo):
+            raise refusal(reply)
+        return SegmentInfo(
+            reply.segment,
+            reply.exists,
+            reply.is_sealed,
+            reply.start_offset,
+            reply.write_offset,
+            reply.first_event,
+            reply.next_event,
+            reply.last_modified,
+        )
+
+    async def locate(self, segment: str, target: int, events: int | None = None) -> tuple[int, int]:
+        """``(offset, event_index)`` of the last event boundary at or before ``target``
+        (clamped into the retained, durable bytes), or with ``events`` the boundary
+        that many events after it (at most the durable end), from the store's index.
+        Raises :class:`NoSuchSegmentError` for a missing segment."""
+        n = -1 if events is None else events
+        reply = await self._call(LocateOffset(next(self._ids), segment, target, "", n))
+        if not isinstance(reply, OffsetLocated):
+            raise refusal(reply)
+        return reply.offset, reply.event_index
+
+    async def _call(self, request: GetStreamSegmentInfo | LocateOffset) -> Command:
+        """Send ``request`` and return its reply (a refusal included)."""
+        if self._busy:
+            raise trio.BusyResourceError("another request is running on this reader")
+        self._busy = True
+        try:
+            await self._send(request)
+            while True:
+                event = await self._next_event()
+                if isinstance(event, Hello | KeepAlive | SegmentRead):
+                    continue  # a SegmentRead answers a read given up earlier
+                if getattr(event, "request_id", None) == request.request_id:
+                    return cast(Command, event)
+                raise RemoteProtocolError(f"unexpected {event!r} answering {request!r}")
+        finally:
+            self._busy = False
+
     async def _send(self, command: Command) -> None:
         wire = b"" if self._hello_sent else self.codec.send(Hello())
         self._hello_sent = True
@@ -976,16 +1147,33 @@ class SegmentEvents:
     the next event starts (read from there to resume)."""
 
     def __init__(
-        self, reader: SegmentReader, segment: str, offset: int, follow: bool, length: int
+        self,
+        reader: SegmentReader,
+        segment: str,
+        offset: int,
+        follow: bool,
+        length: int,
+        flags: int = 0,
     ) -> None:
         self.reader = reader
         self.segment = segment
         self.follow = follow
         self.length = length
+        self.flags = flags
         self._events = Reassembler(offset)
         self._ready: deque[tuple[int, bytes]] = deque()
         self._request = 0
         self._done = False
+        #: ``(offset, format)`` where the payload format changes (with READ_FORMATS),
+        #: from the run of the next event not yet returned on.
+        self._formats: deque[tuple[int, int]] = deque()
+
+    def format_at(self, offset: int) -> int:
+        """The payload format of the event at ``offset``; offsets must not go back."""
+        runs = self._formats
+        while len(runs) > 1 and runs[1][0] <= offset:
+            runs.popleft()
+        return runs[0][1] if runs else PayloadFormat.RAW
 
     @property
     def position(self) -> int:
@@ -1017,7 +1205,8 @@ class SegmentEvents:
         reader._busy = True
         try:
             self._request = rid = next(reader._ids)
-            await reader._send(ReadSegment(self.segment, self._events.offset, self.length, "", rid))
+            offset = self._events.offset
+            await reader._send(ReadSegment(self.segment, offset, self.length, "", rid, self.flags))
             while True:
                 event = await reader._next_event()
                 if isinstance(event, SegmentRead):
@@ -1046,4 +1235,32 @@ class SegmentEvents:
             if skip >= len(read.data):
                 return
             read = dataclasses.replace(read, offset=expected, data=read.data[skip:])
+        if self.flags & READ_FORMATS and read.data:
+            runs = self._formats
+            for at, fmt in read.format_runs or [(read.offset, PayloadFormat.RAW)]:
+                if not runs or runs[-1][1] != fmt:
+                    runs.append((at, fmt))
         self._ready.extend(self._events.feed(read))
+
+
+class StoredEvents:
+    """An ongoing :meth:`SegmentReader.read_stored`: iterate for :class:`StoredEvent`."""
+
+    def __init__(self, events: SegmentEvents) -> None:
+        self.events = events
+
+    @property
+    def position(self) -> int:
+        """Where the next event not yet returned starts."""
+        return self.events.position
+
+    @property
+    def at_tail(self) -> bool:
+        return self.events.at_tail
+
+    def __aiter__(self) -> StoredEvents:
+        return self
+
+    async def __anext__(self) -> StoredEvent:
+        offset, payload = await self.events.__anext__()
+        return StoredEvent(offset, self.events.format_at(offset), payload)
