@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import re
 import socket
 import ssl
 import subprocess
@@ -440,3 +441,20 @@ def test_an_envelope_writer_refuses_a_server_too_old_for_it() -> None:
     ):
         c.writer("s", W, envelope=True)
 
+
+# -- the documented example ------------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "protocols" / "segment-append.md"
+
+
+def test_the_documented_example_prints_what_the_doc_says(gw: GatewayThread, tmp_path: Path) -> None:
+    section = DOC.read_text(encoding="utf-8").split("\n## Clients\n", 1)[1].split("\n## ", 1)[0]
+    ((script, printed),) = re.findall(r"```python\n(.*?)```.*?```text\n(.*?)```", section, re.S)
+    path = tmp_path / "example.py"
+    path.write_text(script.replace("127.0.0.1:12345", gw.address("segment")), encoding="utf-8")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, str(path)], capture_output=True, text=True, timeout=60, cwd=root
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == printed
