@@ -31,7 +31,14 @@ from gateway.core.model import Message, Outcome, Source
 from gateway.durable import envelope
 from gateway.runtime.gateway import Gateway
 from gateway.store import Segment, split_events
-from protocols.segment import AppendSetup, Hello, ServerCodec, SetupAppend
+from protocols.segment import (
+    NULL_EVENT_NUMBER,
+    AppendSetup,
+    Hello,
+    ServerCodec,
+    SetupAppend,
+    encode,
+)
 from protocols.segment.blocking import (
     SegmentClient,
     SegmentClientError,
@@ -408,6 +415,76 @@ def test_a_bad_envelope_is_refused_and_nothing_of_its_block_stored(gw: GatewayTh
         with pytest.raises(SegmentError, match="event 1 of the block"):
             writer.append([good, b"not an envelope"], 1)
         assert c.info("logs/0").end == 0
+
+
+class CuttingProxy:
+    """Forwards to ``target``. Its first connection passes only the server's first
+    ``replies`` bytes (so blocks are stored whose acks never arrive) and is cut once
+    ``cut_after`` bytes went to the server; later connections pass everything."""
+
+    def __init__(self, target: str, cut_after: int, replies: int) -> None:
+        self.target = target
+        self.cut_after = cut_after
+        self.replies = replies
+        self.connections = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        host, port = self.sock.getsockname()[:2]
+        self.address = f"{host}:{port}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            first = self.connections == 1
+            host, _, port = self.target.rpartition(":")
+            server = socket.create_connection((host, int(port)))
+            up = (client, server, self.cut_after if first else None, None)
+            down = (server, client, None, self.replies if first else None)
+            for args in (up, down):
+                threading.Thread(target=self._pump, args=args, daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket, cut: int | None, keep: int | None) -> None:
+        passed = 0
+        try:
+            while data := src.recv(65536):
+                if keep is not None:
+                    data = data[: max(keep - passed, 0)]
+                dst.sendall(data)
+                passed += len(data)
+                if cut is not None and passed >= cut:
+                    break
+        except OSError:
+            pass
+        for sock in (src, dst):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_writer_goes_on_after_a_lost_connection_without_duplicates(gw: GatewayThread) -> None:
+    payloads = [b"%04d" % i + b"." * 996 for i in range(1000)]
+    # The server's Hello and AppendSetup pass, no ack does.
+    replies = len(encode(Hello())) + len(encode(AppendSetup(1, "cut", W, NULL_EVENT_NUMBER)))
+    proxy = CuttingProxy(gw.address("segment"), cut_after=300_000, replies=replies)
+    try:
+        with SegmentClient(proxy.address, timeout=10) as c, c.writer("cut", W) as writer:
+            writer.block_bytes = 64 << 10
+            assert writer.append(payloads, 1) == 1000  # those stored unacked count too
+            assert writer.last_event_number == 1000
+    finally:
+        proxy.close()
+    assert proxy.connections == 2
+    stored = segment(gw, "cut")
+    assert split_events(stored.read(0, stored.durable_end)) == payloads
 
 
 class OldServer:
