@@ -215,6 +215,9 @@ class _Connection:
         #: the one being waited for (another request of the same pipeline).
         self.pending: set[int] = set()
         self.early: dict[int, object] = {}
+        #: Where bytes are received (the codec copies them into its buffer).
+        self._received = bytearray(_RECEIVE_SIZE)
+        self._view = memoryview(self._received)
         self.sock.sendall(self.codec.send(Hello()))
 
     def close(self) -> None:
@@ -238,7 +241,8 @@ class _Connection:
             except RemoteProtocolError as e:
                 raise SegmentClientError(f"the server broke the protocol: {e}") from e
             if event is NEED_DATA:
-                codec.receive_data(self.sock.recv(_RECEIVE_SIZE))
+                n = self.sock.recv_into(self._received)
+                codec.receive_data(self._view[:n])
             elif isinstance(event, ConnectionClosed):
                 raise ConnectionResetError("the server closed the connection")
             elif not isinstance(event, Hello | KeepAlive):
@@ -322,7 +326,7 @@ class SegmentClient:
         if conn is not None:
             conn.close()
 
-    def connect(self) -> _Connection:
+    def _open(self) -> _Connection:
         """A new connection to the first address that answers (TLS if configured)."""
         errors: list[str] = []
         n = len(self.addresses)
@@ -360,7 +364,7 @@ class SegmentClient:
 
     def _connection(self) -> _Connection:
         if self._conn is None:
-            self._conn = self.connect()
+            self._conn = self._open()
         return self._conn
 
     def _ids(self, n: int) -> list[int]:
@@ -512,22 +516,22 @@ def _merge_formats(runs: list[tuple[int, int]], formats: bytes | None, offset: i
 def _split(
     segment: str, offset: int, data: bytes, formats: list[tuple[int, int]]
 ) -> Iterator[StoredEvent]:
-    """The events of one chunk."""
+    """The events of one chunk, a run of one payload format at a time."""
     unpack = HEADER.unpack_from
-    changes = [at - offset for at, _ in formats[1:]]
-    kinds = [fmt for _, fmt in formats]
     end = len(data)
+    run_ends = [at - offset for at, _ in formats[1:]] + [end]
     p = 0
-    while p < end:
-        code, length = unpack(data, p)
-        stop = p + 8 + length
-        if code or length < 0 or stop > end:
-            raise SegmentClientError(
-                f"segment {segment!r}: no whole event at offset {offset + p} (start and end"
-                " must be event boundaries)"
-            )
-        yield StoredEvent(offset + p, kinds[bisect_right(changes, p)], data[p + 8 : stop])
-        p = stop
+    for (_, fmt), run_end in zip(formats, run_ends, strict=True):
+        while p < run_end:
+            code, length = unpack(data, p) if end - p >= 8 else (-1, -1)
+            stop = p + 8 + length
+            if code or length < 0 or stop > end:
+                raise SegmentClientError(
+                    f"segment {segment!r}: no whole event at offset {offset + p} (start and"
+                    " end must be event boundaries)"
+                )
+            yield StoredEvent(offset + p, fmt, data[p + 8 : stop])
+            p = stop
 
 
 class _Reads:
@@ -688,7 +692,7 @@ class BlockingWriter:
         """A new connection and ``SetupAppend``: what the server stored for this writer."""
         self.close()
         client = self.client
-        conn = client.connect()
+        conn = client._open()
         try:
             (self._rid,) = client._ids(1)
             fmt = ENVELOPE if self.envelope else RAW

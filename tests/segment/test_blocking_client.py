@@ -223,6 +223,10 @@ def test_read_gives_exactly_the_events_of_a_range_across_replies(gw: GatewayThre
             got = list(c.read("big", offsets[a], offsets[b], chunk=chunk))
             assert [e.payload for e in got] == payloads[a:b]
             assert [e.offset for e in got] == offsets[a:b]
+        with pytest.raises(SegmentClientError, match="no whole event at offset"):
+            list(c.read("big", offsets[3] + 5, offsets[9]))  # not an event boundary
+        with pytest.raises(SegmentClientError, match="no whole event at offset"):
+            list(c.read("big", offsets[3], offsets[9] - 5))
         chunks = list(c.read_chunks("big", offsets[10], offsets[2000], chunk=300_000))
     assert len(chunks) > 3
     assert b"".join(data for _, data, _ in chunks) == segment(gw, "big").read(
