@@ -245,6 +245,7 @@ class Lane:
         "runs",
         "sent",
         "sent_bytes",
+        "stored",
         "writer_id",
     )
 
@@ -269,6 +270,9 @@ class Lane:
         self.high = 0
         #: Whether the caller numbers this lane's events (None: no event added yet).
         self.chosen: bool | None = None
+        #: The highest event number the server is known to have stored (its
+        #: ``AppendSetup`` or an ack said so; 0: none known).
+        self.stored = 0
 
     def rewind(self) -> None:
         """Nothing is sent on the connection now: the next send starts at the front."""
@@ -364,17 +368,24 @@ class Appender:
 
         With ``first_event_number`` the events carry the caller's numbers (rising
         from one add to the next); those the server has stored already for the
-        writer id are dropped at its ``AppendSetup`` as if acked. A lane is numbered
-        by the caller or by the appender, never both."""
+        writer id are acked at once, or at its ``AppendSetup``, without being sent.
+        A lane is numbered by the caller or by the appender, never both."""
         if not payloads:
             return
+        lane = self.lane(segment)
+        if first_event_number is not None:
+            self._numbering(lane, chosen=True)
+            payloads, tokens, first_event_number = self._skip_stored(
+                lane, payloads, tokens, first_event_number
+            )
+            if not payloads:
+                return
         payloads = list(payloads)
         sizes = list(map(len, payloads))
         if max(sizes) > MAX_EVENT_PAYLOAD:
             raise ValueError(f"an event of {max(sizes)} bytes exceeds {MAX_EVENT_PAYLOAD}")
         ends = list(itertools.accumulate(sizes))
         n = len(payloads)
-        lane = self.lane(segment)
         run = _Run(payloads, ends, tokens)
         self._number(lane, run, first_event_number)
         lane.runs.append(run)
@@ -386,15 +397,29 @@ class Appender:
             self.changed.unpark_all()
 
     @staticmethod
-    def _number(lane: Lane, run: _Run, first: int | None) -> None:
-        """Number ``run`` now with the caller's numbers, or leave it to ``take``."""
-        chosen = first is not None
+    def _numbering(lane: Lane, *, chosen: bool) -> None:
         if lane.chosen is not None and lane.chosen != chosen:
             raise ValueError(
                 f"segment {lane.name!r}: a writer's events are numbered by the caller or by"
                 " the writer, not both"
             )
         lane.chosen = chosen
+
+    def _skip_stored(
+        self, lane: Lane, payloads: Sequence[bytes], tokens: Sequence[Any], first: int
+    ) -> tuple[Sequence[bytes], Sequence[Any], int]:
+        """Ack at once the leading events the server is known to have (a retry's)."""
+        skip = min(max(lane.stored - first + 1, 0), len(payloads))
+        if not skip:
+            return payloads, tokens, first
+        done = [(t, first + i) for i, t in enumerate(tokens[:skip]) if t is not None]
+        if done:
+            self.on_acked(lane.name, lane.writer_id, done, -1)
+        return payloads[skip:], tokens[skip:], first + skip
+
+    def _number(self, lane: Lane, run: _Run, first: int | None) -> None:
+        """Number ``run`` now with the caller's numbers, or leave it to ``take``."""
+        self._numbering(lane, chosen=first is not None)
         if first is None:
             return
         last = first + len(run.payloads) - 1
@@ -467,10 +492,12 @@ class Appender:
         lane.rewind()
         self._pop(lane, last, -1)
         lane.next_number = max(lane.next_number, last + 1)
+        lane.stored = max(lane.stored, last)
 
     def acknowledge(self, lane: Lane, event_number: int, offset: int) -> None:
         """``DataAppended``: every event of the lane up to ``event_number`` is stored."""
         self.in_flight -= self._pop(lane, event_number, offset)
+        lane.stored = max(lane.stored, event_number)
 
     def _pop(self, lane: Lane, last: int, offset: int) -> int:
         """Drop the lane's events numbered up to ``last``; how many."""
@@ -924,9 +951,9 @@ class SegmentWriter:
         ``+1``, … by the caller instead of the writer: a process that appends the
         same events with the same numbers again (a retried task, with the same
         writer id) has those the server stored already skipped, and acked with
-        ``segment_write_offset`` -1. Numbers must rise from one call to the next,
-        and a segment's events are numbered by the caller or by the writer, not
-        both."""
+        ``segment_write_offset`` -1, in as many calls as it likes. A number still
+        queued or in flight may not be used again (ValueError), and a segment's
+        events are numbered by the caller or by the writer, not both."""
         last: PendingAppend | None = None
         appender = self.appender
         total = len(payloads)

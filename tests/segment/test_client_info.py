@@ -108,8 +108,15 @@ async def test_caller_chosen_numbers_make_a_retry_store_nothing_twice(tmp_path: 
             acked = await writer.append_many("s", payloads[:6], first_event_number=1 << 32)
             assert acked is not None
             assert acked.event_number == (1 << 32) + 5
+            # Stored already: acked at once, not sent.
+            again = await writer.append_many("s", payloads[:2], first_event_number=1 << 32)
+            assert again is not None
+            assert (again.event_number, again.segment_write_offset) == ((1 << 32) + 1, -1)
+            # Numbers still on their way may not be used again.
+            pending = await writer.submit("s", b"six", event_number=(1 << 32) + 6)
             with pytest.raises(ValueError, match="must lie above"):
-                await writer.append_many("s", payloads[:2], first_event_number=1 << 32)
+                await writer.submit("s", b"six again", event_number=(1 << 32) + 6)
+            await pending.wait()
             with pytest.raises(ValueError, match="not both"):
                 await writer.append("s", b"numbered by the writer")
         # A retry of the same rows with the same numbers (and a few more): only the
@@ -120,7 +127,7 @@ async def test_caller_chosen_numbers_make_a_retry_store_nothing_twice(tmp_path: 
             assert acked.event_number == (1 << 32) + 9
             one = await writer.append("s", b"later", event_number=(2 << 32))
             assert one.event_number == 2 << 32
-        assert stored(gw, "s") == [*payloads, b"later"]
+        assert stored(gw, "s") == [*payloads[:6], b"six", *payloads[7:], b"later"]
         assert segment_of(gw, "s").last_event_number(W) == 2 << 32
 
 
@@ -133,6 +140,26 @@ async def test_a_retry_of_stored_rows_only_is_acked_without_appending(tmp_path: 
             assert acked is not None
             assert (acked.event_number, acked.segment_write_offset) == (8, -1)
         assert stored(gw, "s") == [b"a", b"b"]
+
+
+async def test_a_retry_in_several_calls_skips_what_an_earlier_attempt_stored(
+    tmp_path: Path,
+) -> None:
+    rows = [b"row-%d" % i for i in range(12)]
+    async with gateway(tmp_path) as gw:
+        async with SegmentWriter.connect(address(gw), writer_id=W) as writer:
+            await writer.append_many("s", rows[:10], first_event_number=1)
+        async with SegmentWriter.connect(address(gw), writer_id=W) as writer:
+            for start in (0, 4, 8):  # the retry goes further than the first attempt
+                acked = await writer.append_many(
+                    "s", rows[start : start + 4], first_event_number=start + 1
+                )
+                assert acked is not None
+                assert acked.event_number == start + 4
+            again = await writer.append("s", b"again", event_number=12)
+            assert (again.event_number, again.segment_write_offset) == (12, -1)
+        assert stored(gw, "s") == rows
+        assert segment_of(gw, "s").stats()["appended_events"] == 12
 
 
 # -- envelope writers --------------------------------------------------------------------------
