@@ -649,7 +649,8 @@ class BlockingWriter:
     number it stored (:attr:`last_event_number`), and a writer sends only the
     events above it, so a retried task that appends the same events with the
     same numbers stores nothing twice, even while the first attempt still runs.
-    Numbers start at 1 and must rise from one append to the next.
+    Numbers start at 1 and may jump; an append whose numbers are all at or below
+    :attr:`last_event_number` stores nothing.
     """
 
     #: Bytes of events in one append block, and blocks in flight at once.
