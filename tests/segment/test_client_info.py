@@ -7,6 +7,7 @@ Against a running gateway with a durable destination ``logs`` (one partition).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,6 +21,7 @@ from gateway.core.model import Message, Outcome, Source
 from gateway.durable import envelope
 from gateway.runtime.gateway import Gateway
 from gateway.store import Segment, split_events
+from protocols.segment import AppendSetup, Hello, ServerCodec, SetupAppend
 from protocols.segment.client import (
     NoSuchSegmentError,
     SegmentError,
@@ -193,3 +195,24 @@ async def test_a_payload_that_is_not_an_envelope_fails_its_appends(tmp_path: Pat
             good = envelope.encode_many([Message("logs", b"fine")])[0]
             assert (await writer.append("other", good)).event_number == 1  # goes on
         assert stored(gw, "logs/0") == []
+
+
+async def test_an_envelope_writer_fails_on_a_server_too_old_for_it(nursery: trio.Nursery) -> None:
+    async def old_server(stream: trio.SocketStream) -> None:
+        """A server of before payload formats: its AppendSetup has no such field."""
+        codec = ServerCodec()
+        async for data in stream:
+            codec.receive_data(data)
+            while isinstance(event := codec.next_event(), Hello | SetupAppend):
+                if isinstance(event, Hello):
+                    await stream.send_all(codec.send(Hello()))
+                else:
+                    setup = AppendSetup(event.request_id, event.segment, event.writer_id, 0)
+                    await stream.send_all(codec.send(setup))
+
+    serve = functools.partial(trio.serve_tcp, old_server, 0, host="127.0.0.1")
+    listeners = await nursery.start(serve)
+    port = listeners[0].socket.getsockname()[1]
+    async with SegmentWriter.connect(f"127.0.0.1:{port}", envelope=True) as writer:
+        with pytest.raises(SegmentError, match="too old for envelope writers"):
+            await writer.append("s", envelope.encode_many([Message("s", b"m")])[0])
