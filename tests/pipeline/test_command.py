@@ -194,3 +194,54 @@ def test_each_record_is_printed_once_per_query() -> None:
     assert len(printer.new_lines("other", [RECORDED])) == 1
     idle = {**RECORDED, "timestamp": "2026-11-27T23:40:11.250Z", "numInputRows": 0}
     assert printer.new_lines("q", [first, RECORDED, idle]) == [format_progress(idle)]
+
+
+# --- end to end -----------------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_available_now_run_sends_alerts_to_an_ndjson_subscriber(
+    gateway: Any, tmp_path: Path
+) -> None:
+    """``gateway pipeline --available-now`` as a user runs it, in a process of its
+    own: Beats-style, ECS-style and plain JSON log events in; the error-level ones
+    reach a subscriber of the alerts destination, with content type and headers."""
+    import subprocess
+    import sys
+
+    from tests.pipeline.traffic import publish, read_all
+
+    ndjson = gateway.address("ndjson")
+    bodies = [
+        b'{"log": {"level": "error"}, "message": "beats"}',
+        b'{"log.level": "warning", "message": "ecs"}',
+        b'{"level": "FATAL", "message": "plain"}',
+        b"not json at all",
+        b'{"level": "info"}',
+    ]
+    publish(ndjson, bodies)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.pipeline.command",
+            f"--address={gateway.address('segment')}",
+            "--master=local[2]",
+            "--available-now",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "stats batch 0: 5 rows" in run.stdout
+    assert "alerts batch 0: 5 rows" in run.stdout
+    assert "lag logs/0 0 B" in run.stdout
+    alerts = read_all(ndjson, "alerts")
+    assert [a.body for a in alerts] == [bodies[0], bodies[2]]
+    assert {a.content_type for a in alerts} == {"application/json"}
+    assert [a.headers.get("level") for a in alerts] == ["error", "fatal"]
+    assert {a.headers.get("source_destination") for a in alerts} == {"logs"}
+    assert (tmp_path / "pipeline-checkpoint" / "stats" / "commits").is_dir()
+    assert (tmp_path / "pipeline-output" / "_spark_metadata").is_dir()
