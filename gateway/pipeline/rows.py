@@ -29,9 +29,10 @@ column              type         an envelope (a hub message)  / a raw event
 Raw events are what a segment-append writer sent as its own bytes; envelopes
 are what every other protocol published, and what a writer in envelope mode
 (the ``interchange`` sink) appended. :func:`decode_chunk` builds the columns
-of a whole read chunk in one pass (one ``msgspec`` call per envelope, then a
-list per column), then one ``RecordBatch`` from them: Python does per-event work
-only where it cannot be avoided.
+of a whole read run in one pass (the body sliced out of each envelope; what
+follows it, shared by the events of one publish, decoded once per distinct
+run of bytes), then one ``RecordBatch``: Python does per-event work only
+where it cannot be avoided.
 """
 
 from __future__ import annotations
@@ -90,9 +91,18 @@ class _Source(msgspec.Struct, gc=False):
     a: str | None = None
 
 
+class _Meta(msgspec.Struct, gc=False):
+    """An envelope but its version and body: what events of one publish share."""
+
+    s: int
+    h: dict[str, str] = _NO_HEADERS
+    c: str | None = None
+    o: _Source | None = None
+
+
 class _Envelope(msgspec.Struct, gc=False):
-    """An envelope (:mod:`gateway.durable.envelope`) as the rows need it: msgspec
-    checks the types and skips the keys not named here (``p``, the identity)."""
+    """A whole envelope (:mod:`gateway.durable.envelope`) as the rows need it:
+    msgspec checks the types and skips the keys not named here."""
 
     v: int
     b: bytes
@@ -102,7 +112,12 @@ class _Envelope(msgspec.Struct, gc=False):
     o: _Source | None = None
 
 
+_decode_meta = msgspec.msgpack.Decoder(_Meta).decode
 _decode_envelope = msgspec.msgpack.Decoder(_Envelope).decode
+#: How the gateway writes an envelope's start (a map of k keys, ``v`` = VERSION, ``b``),
+#: by the number of keys.
+_PREFIXES = {bytes([0x80 | k, 0xA1, 0x76, VERSION, 0xA1, 0x62]): k for k in range(3, 16)}
+_BIN_SIZES = {0xC4: 1, 0xC5: 2, 0xC6: 4}
 
 
 def _frames(data: bytes, begin: int, stop: int) -> tuple[list[int], list[int]]:
@@ -127,57 +142,87 @@ def _frames(data: bytes, begin: int, stop: int) -> tuple[list[int], list[int]]:
     return positions, lengths
 
 
-def _envelopes(
-    view: memoryview, base: int, positions: list[int], lengths: list[int]
-) -> list[_Envelope]:
+class _Scan:
+    """Envelopes split into body and metadata. The events of one publish share
+    everything after the body byte for byte (stored time, headers, content type,
+    source), so the metadata after the body is decoded once per distinct run of
+    bytes; only envelopes not laid out as the gateway writes them are decoded
+    whole (the result is the same)."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.which: list[int] = []
+        self.metas: list[_Meta] = []
+        self._known: dict[bytes, int] = {}
+
+    def add(self, data: bytes, start: int, end: int) -> None:
+        """The envelope in ``data[start:end]``; msgspec's errors if it is bad."""
+        keys = _PREFIXES.get(data[start : start + 6])
+        size = _BIN_SIZES.get(data[start + 6]) if end - start > 7 else None
+        if keys is not None and size is not None:
+            body = start + 7 + size
+            body_end = body + int.from_bytes(data[start + 7 : body])
+            if body_end <= end:
+                self.bodies.append(data[body:body_end])
+                tail = data[body_end:end]
+                index = self._known.get(tail)
+                if index is None:
+                    index = self._known[tail] = len(self.metas)
+                    self.metas.append(_decode_meta(bytes([0x80 | (keys - 2)]) + tail))
+                self.which.append(index)
+                return
+        whole = _decode_envelope(data[start:end])
+        if whole.v > VERSION:
+            raise ValueError(f"version {whole.v} (this gateway reads 1 to {VERSION})")
+        self.bodies.append(whole.b)
+        self.which.append(len(self.metas))
+        self.metas.append(_Meta(whole.s, whole.h, whole.c, whole.o))
+
+
+def _scan(data: bytes, base: int, positions: list[int], lengths: list[int]) -> _Scan:
     """The envelopes at ``positions``; ValueError naming the first bad one."""
-    decode = _decode_envelope
+    scan = _Scan()
+    add = scan.add
+    pos = 0
     try:
-        envelopes = [
-            decode(view[p + 8 : p + 8 + n]) for p, n in zip(positions, lengths, strict=True)
-        ]
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        for p, n in zip(positions, lengths, strict=True):
-            try:
-                decode(view[p + 8 : p + 8 + n])
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                raise ValueError(f"bad envelope at byte {base + p}: {e}") from None
-        raise
-    newest = max((e.v for e in envelopes), default=VERSION)
-    if newest > VERSION:
-        raise ValueError(f"an envelope of version {newest} (this gateway reads 1 to {VERSION})")
-    return envelopes
+        for pos, length in zip(positions, lengths, strict=True):
+            add(data, pos + 8, pos + 8 + length)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as e:
+        raise ValueError(f"bad envelope at byte {base + pos}: {e}") from None
+    return scan
 
 
 def _envelope_batch(
     destination: str, partition: int, base: int, data: bytes, begin: int, stop: int
 ) -> pa.RecordBatch:
-    """Rows of envelopes: one msgspec call per event, then a list per column."""
+    """Rows of envelopes: the metadata columns built for each distinct metadata,
+    then spread to the rows by Arrow's ``take``."""
     positions, lengths = _frames(data, begin, stop)
-    envelopes = _envelopes(memoryview(data), base, positions, lengths)
-    n = len(envelopes)
-    sources = [e.o for e in envelopes]
-    headers = [e.h for e in envelopes]
-    stored = np.fromiter((e.s for e in envelopes), dtype=np.int64, count=n) * 1000
+    scan = _scan(data, base, positions, lengths)
+    metas = scan.metas
+    which = pa.array(scan.which, pa.int32())
+    sources = [m.o for m in metas]
+    headers = [m.h for m in metas]
     header_map = pa.MapArray.from_arrays(
         pa.array(list(accumulate(map(len, headers), initial=0)), pa.int32()),
         pa.array([k for h in headers for k in h], pa.string()),
         pa.array([v for h in headers for v in h.values()], pa.string()),
         type=ARROW_SCHEMA.field("headers").type,
     )
+    texts = [
+        [s.p if s else None for s in sources],
+        [s.l if s else None for s in sources],
+        [s.a if s else None for s in sources],
+        [m.c for m in metas],
+    ]
     return _batch(
         destination,
         partition,
         [base + p for p in positions],
-        pa.array(stored, _TIMESTAMP),
-        [
-            pa.array([s.p if s else None for s in sources], pa.string()),
-            pa.array([s.l if s else None for s in sources], pa.string()),
-            pa.array([s.a if s else None for s in sources], pa.string()),
-            pa.array([e.c for e in envelopes], pa.string()),
-        ],
-        header_map,
-        [e.b for e in envelopes],
+        pa.array([m.s * 1000 for m in metas], _TIMESTAMP).take(which),
+        [pa.array(text, pa.string()).take(which) for text in texts],
+        header_map.take(which),
+        scan.bodies,
     )
 
 

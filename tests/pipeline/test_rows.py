@@ -102,6 +102,27 @@ def test_unknown_envelope_keys_are_ignored_and_a_newer_version_refused() -> None
         list(decode_chunk("logs", 0, 0, data, [(0, ENVELOPE)]))
 
 
+def test_envelopes_laid_out_otherwise_read_the_same() -> None:
+    """Bodies of every bin size, and an envelope whose keys come in another order
+    than the gateway writes them (decoded whole rather than body and metadata)."""
+    docs = [{"v": 1, "b": b"x" * size, "s": 7, "c": "t/p"} for size in (10, 300, 70_000)]
+    docs.append({"c": "t/p", "s": 7, "b": b"reordered", "v": 1})
+    data = frame_events([msgpack.packb(doc) for doc in docs])
+    [batch] = decode_chunk("logs", 0, 0, data, [(0, ENVELOPE)])
+    rows = batch.to_pylist()
+    assert [r["body"] for r in rows] == [d["b"] for d in docs]
+    assert {(r["content_type"], r["timestamp"].microsecond) for r in rows} == {("t/p", 7000)}
+
+
+def test_events_of_one_publish_share_metadata_others_do_not() -> None:
+    first = envelope.encode_many(messages()[:1] * 3, stored_at=STORED)
+    later = envelope.encode_many(messages()[:1], stored_at=STORED + 1)
+    data = frame_events(first + later)
+    [batch] = decode_chunk("logs", 0, 0, data, [(0, ENVELOPE)])
+    stamps = [r["timestamp"].timestamp() for r in batch.to_pylist()]
+    assert stamps == [STORED] * 3 + [STORED + 1]
+
+
 def test_a_bad_envelope_is_named_by_its_byte() -> None:
     good = frame_events(envelope.encode_many(messages()[1:2], stored_at=STORED))
     data = good + frame_events([msgpack.packb({"v": 1, "b": "text, not bin", "s": 5})])
