@@ -5,6 +5,7 @@ Trigger.AvailableNow, and a start that retention dropped."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 import zlib
@@ -16,6 +17,7 @@ import pylogbeat
 import pytest
 import trio
 from interchange_ndjson.client import NdjsonClient
+from pyspark.errors import StreamingQueryException
 
 from protocols.segment.blocking import SegmentClient
 from tests.harness import host_port
@@ -183,3 +185,42 @@ def test_a_start_retention_dropped_fails_or_is_skipped(spark: Any, tmp_path: Pat
     kept = [bytes(r.body) for r in rows]
     assert 0 < len(kept) < len(bodies)
     assert kept == bodies[-len(kept) :]
+
+
+def test_a_stream_behind_retention_fails_or_skips(spark: Any, tmp_path: Path) -> None:
+    gateway = truncated_gateway(tmp_path)
+
+    def run(checkpoint: str, fail: str) -> Any:
+        query = (
+            spark.readStream.format("interchange")
+            .option("address", gateway.address("segment"))
+            .option("destination", "logs")
+            .option("failOnDataLoss", fail)
+            .load()
+            .select("body")
+            .writeStream.format("parquet")
+            .option("path", str(tmp_path / checkpoint / "out"))
+            .option("checkpointLocation", str(tmp_path / checkpoint / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        with contextlib.suppress(StreamingQueryException):  # seen in query.exception()
+            query.awaitTermination(120)
+        return query
+
+    try:
+        publish(gateway.address("ndjson"), [b"first"], "logs")
+        for checkpoint in ("strict", "lenient"):
+            assert run(checkpoint, "true").exception() is None
+        later = [f"later {i:03d} ".encode() * 10 for i in range(60)]
+        publish(gateway.address("ndjson"), later, "logs")
+        failed = run("strict", "true").exception()
+        assert failed is not None
+        assert "segment 'logs/0': bytes" in str(failed)
+        assert run("lenient", "false").exception() is None
+        out = spark.read.parquet(str(tmp_path / "lenient" / "out")).collect()
+    finally:
+        gateway.stop()
+    kept = sorted(bytes(r.body) for r in out if bytes(r.body) != b"first")
+    assert 0 < len(kept) < len(later)
+    assert kept == later[-len(kept) :]
