@@ -12,7 +12,8 @@ written as JSON the way Spark's Kafka source writes its offsets::
 and ``endingOffsets`` an offset may also be ``-2`` (earliest: the retained
 start) or ``-1`` (latest: the durable end), and the whole option may be the
 word ``earliest`` or ``latest``. A partition or destination the JSON leaves out
-starts at earliest and ends at latest.
+starts at earliest and ends at latest. A byte offset given inside an event
+means the boundary before that event.
 
 Every offset planned here is an event boundary: the durable end, a retained
 start, or an answer of the gateway's ``LocateOffset``, which finds boundaries
@@ -259,10 +260,16 @@ class Planner:
         empty list: no segment yet, the destination was never written)."""
         return {d: list(self.service.partitions(d)) for d in self.destinations}
 
-    def resolve(self, spec: OffsetSpec, layout: Mapping[str, Sequence[SegmentState]]) -> Offsets:
+    def resolve(
+        self,
+        spec: OffsetSpec,
+        layout: Mapping[str, Sequence[SegmentState]],
+        missing: int = EARLIEST,
+    ) -> Offsets:
         """Concrete offsets of a ``startingOffsets`` / ``endingOffsets`` value over
         ``layout``: earliest is each retained start, latest each durable end; a
-        partition the JSON leaves out is earliest. A byte offset given inside the
+        partition the JSON leaves out is ``missing`` (EARLIEST for a start, LATEST
+        for an end). A byte offset given inside the
         retained data becomes the event boundary at or before it, one past the
         durable end becomes the end; one below the retained start is kept, for the
         data-loss check to judge. Offsets of destinations not read are ignored."""
@@ -271,7 +278,7 @@ class Planner:
             given = spec.get(destination, {}) if isinstance(spec, dict) else {}
             own: dict[int, int] = {}
             for partition, info in enumerate(infos):
-                offset = given.get(partition, EARLIEST)
+                offset = given.get(partition, missing)
                 if spec == "latest" or offset == LATEST or offset >= info.end:
                     offset = info.end
                 elif spec == "earliest" or offset == EARLIEST:

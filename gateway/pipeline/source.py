@@ -53,6 +53,7 @@ from pyspark.sql.streaming.datasource import (
 
 from gateway.pipeline.options import ReadOptions, WriteOptions
 from gateway.pipeline.planning import (
+    LATEST,
     Bound,
     Planner,
     SegmentRange,
@@ -152,7 +153,7 @@ class InterchangeBatchReader(DataSourceReader):
                         "destination %r: no segment %s/0 at the gateway", *[destination] * 2
                     )
             start = planner.resolve(opts.starting, layout)
-            end = planner.resolve(opts.ending, layout)
+            end = planner.resolve(opts.ending, layout, missing=LATEST)
             return _partitions(planner.ranges(start, end))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

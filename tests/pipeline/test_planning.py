@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from gateway.pipeline.planning import (
+    LATEST,
     DataLossError,
     Planner,
     SegmentRange,
@@ -73,6 +74,9 @@ def test_resolve_earliest_latest_given_and_missing() -> None:
     spec = parse_offsets('{"parts": {"0": -1, "1": 150}, "other": {"0": 7}}', option="s")
     # 150 is inside the second event: its boundary is 100; logs is left out: earliest.
     assert planner.resolve(spec, layout) == {"logs": {0: 2 * E}, "parts": {0: 3 * E, 1: E}}
+    # An end left out is the durable end.
+    ends = planner.resolve(spec, layout, missing=LATEST)
+    assert ends == {"logs": {0: 10 * E}, "parts": {0: 3 * E, 1: E}}
     # Past the durable end is the end; below the retained start is kept for the loss check.
     spec = parse_offsets('{"logs": {"0": 50}, "parts": {"0": 9999}}', option="s")
     assert planner.resolve(spec, layout) == {"logs": {0: 50}, "parts": {0: 3 * E, 1: 0}}
