@@ -16,11 +16,12 @@ import trio
 from interchange_ndjson.client import NdjsonClient
 from interchange_ndjson.events import Deliver, End
 
+from gateway.config.certs import init_dir
 from gateway.pipeline.options import WriteOptions
 from gateway.pipeline.sink import InterchangeBatchWriter, event_number, partition_of, writer_id
 from protocols.segment.blocking import SegmentClient
 from tests.harness import host_port
-from tests.pipeline.conftest import GatewayThread
+from tests.pipeline.conftest import GatewayThread, pipeline_config
 
 SCHEMA = "body STRING, headers MAP<STRING, STRING>, content_type STRING, partition_key STRING"
 
@@ -168,3 +169,40 @@ def test_a_replayed_micro_batch_is_not_stored_twice(
     assert sorted(bytes(r.body) for r in rows) == sorted(f"e{i}".encode() for i in range(20))
     assert {r.listener for r in rows} == {str(first.id)} == {str(second.id)}
     assert len({r.headers["from"] for r in rows}) == 20
+
+
+@pytest.mark.spark
+def test_reads_and_writes_over_tls(spark: Any, tmp_path: Path) -> None:
+    certs = init_dir(tmp_path / "certs")
+    config = pipeline_config(tmp_path / "data")
+    tls = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"])}
+    config["listeners"].append(
+        {"name": "segtls", "protocol": "segment", "bind": "127.0.0.1:0", "tls": tls}
+    )
+    gateway = GatewayThread(config).start()
+    options = {
+        "address": "",
+        "tlsCaFile": str(certs["ca_cert"]),
+        "tlsServerName": "localhost",
+    }
+    try:
+        options["address"] = gateway.address("segtls")
+        df = spark.createDataFrame([("over tls",)], "body STRING")
+        df.write.format("interchange").mode("append").options(**options).option(
+            "destination", "alerts"
+        ).save()
+        rows = (
+            spark.read.format("interchange")
+            .options(**options)
+            .option("destination", "alerts")
+            .load()
+            .collect()
+        )
+        options["tlsCaFile"] = str(certs["server_cert"])  # not the CA: refused
+        with pytest.raises(Exception, match="CERTIFICATE_VERIFY_FAILED"):
+            spark.read.format("interchange").options(**options).option(
+                "destination", "alerts"
+            ).load().collect()
+    finally:
+        gateway.stop()
+    assert [bytes(r.body) for r in rows] == [b"over tls"]
