@@ -160,7 +160,10 @@ class _Task:
             if isinstance(body, str):
                 body = body.encode("utf-8")
             p = default if key is None else partition_of(key, self.partitions)
-            message = Message(destination, body, dict(head) if head else {}, ctype, source)
+            fields = dict(head) if head else {}
+            if None in fields.values():
+                raise ValueError(f"headers must be strings, not null: {fields}")
+            message = Message(destination, body, fields, ctype, source)
             waiting = self.pending.setdefault(p, [])
             waiting.append(message)
             if len(waiting) >= _FLUSH_ROWS:

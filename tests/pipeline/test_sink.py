@@ -132,6 +132,29 @@ def test_a_retried_task_stores_what_its_first_attempt_did_not(gateway: GatewayTh
 
 
 @pytest.mark.spark
+def test_rows_without_a_body_or_with_a_null_header_are_refused(gateway: GatewayThread) -> None:
+    from pyspark.sql.types import MapType, StringType, StructField, StructType
+
+    schema = StructType(
+        [
+            StructField("body", StringType()),
+            StructField("headers", MapType(StringType(), StringType())),
+        ]
+    )
+    options = WriteOptions.parse({"address": gateway.address("segment"), "destination": "alerts"})
+    nulls = pa.RecordBatch.from_pydict(
+        {"body": ["x"], "headers": [[("a", None)]]},
+        schema=pa.schema([("body", pa.string()), ("headers", pa.map_(pa.string(), pa.string()))]),
+    )
+    with pytest.raises(ValueError, match="headers must be strings, not null"):
+        InterchangeBatchWriter(options, schema).write(iter([nulls]))
+    with pytest.raises(ValueError, match="body is null"):
+        InterchangeBatchWriter(options, schema).write(arrow_rows([None]))  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="needs a column body"):
+        InterchangeBatchWriter(options, StructType([StructField("value", StringType())]))
+
+
+@pytest.mark.spark
 def test_a_replayed_micro_batch_is_not_stored_twice(
     spark: Any, gateway: GatewayThread, tmp_path: Path
 ) -> None:
