@@ -83,6 +83,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="at most N events per micro-batch, shared over the partitions",
     )
+    parser.add_argument(
+        "--conf",
+        type=_setting,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting, e.g. spark.sql.shuffle.partitions=8 (repeatable)",
+    )
 
 
 def add_parser(sub: Any) -> None:
@@ -171,7 +179,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     from gateway.pipeline.session import local_session
 
     print(f"gateway pipeline: reading {','.join(settings.sources)} from {settings.address}")
-    spark = local_session(args.master)
+    spark = local_session(args.master, conf=dict(args.conf))
     try:
         return run(spark, settings)
     finally:
@@ -228,6 +236,13 @@ def _seconds(text: str) -> float:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more seconds, not {text}")
     return value
+
+
+def _setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, not {text!r}")
+    return key.strip(), value
 
 
 def _positive(text: str) -> int:

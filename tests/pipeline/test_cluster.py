@@ -127,6 +127,8 @@ def test_gateway_pipeline_runs_on_a_standalone_cluster(
             f"--master={master_url}",
             "--available-now",
             "--max-records-per-trigger=150",
+            "--conf=spark.sql.shuffle.partitions=2",
+            "--conf=spark.executor.memory=512m",
         ],
         capture_output=True,
         text=True,
@@ -141,4 +143,5 @@ def test_gateway_pipeline_runs_on_a_standalone_cluster(
     # The tasks ran in an executor the worker launched: a JVM of its own.
     executors = list(work.glob("app-*/[0-9]*"))
     assert executors, "the worker launched no executor"
-    assert (executors[0] / "stderr").is_file()
+    launched = (executors[0] / "stderr").read_text(errors="replace")
+    assert "-xmx512m" in launched.lower()  # with the memory --conf asked for

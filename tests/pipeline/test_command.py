@@ -61,6 +61,7 @@ def test_defaults_read_logs_of_the_default_config_on_local_cores() -> None:
     assert settings.checkpoint == Path("pipeline-checkpoint")
     assert (settings.trigger_seconds, settings.available_now) == (0.0, False)
     assert settings.max_records_per_trigger is None
+    assert args.conf == []
 
 
 def test_every_option_reaches_the_job_settings(tmp_path: Path) -> None:
@@ -74,8 +75,15 @@ def test_every_option_reaches_the_job_settings(tmp_path: Path) -> None:
         "--trigger=2.5",
         "--available-now",
         "--max-records-per-trigger=500",
+        "--conf=spark.sql.shuffle.partitions=8",
+        "--conf",
+        "spark.executor.extraJavaOptions=-Da=b",
     )
     assert args.master == "spark://m:7077"
+    assert dict(args.conf) == {
+        "spark.sql.shuffle.partitions": "8",
+        "spark.executor.extraJavaOptions": "-Da=b",
+    }
     settings = settings_from(args)
     assert settings.address == "gw.example:4000"
     assert settings.sources == ("logs", "parts")
@@ -87,7 +95,14 @@ def test_every_option_reaches_the_job_settings(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["--trigger=-1"], ["--trigger=soon"], ["--max-records-per-trigger=0"], ["--bogus"]],
+    [
+        ["--trigger=-1"],
+        ["--trigger=soon"],
+        ["--max-records-per-trigger=0"],
+        ["--conf=spark.master"],
+        ["--conf==x"],
+        ["--bogus"],
+    ],
 )
 def test_bad_options_are_usage_errors(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit:
