@@ -25,7 +25,8 @@ Source: ``destination`` (required; a comma list reads several),
 ``startingOffsets`` (``earliest``, the default, ``latest`` or JSON),
 ``endingOffsets`` (batch reads: ``latest``, the default, or JSON),
 ``maxRecordsPerTrigger`` or ``maxBytesPerTrigger`` (streaming; at most one),
-``maxBytesPerPartition`` (default 64 MiB), ``failOnDataLoss`` (default true).
+``maxBytesPerPartition`` (default 64 MiB), ``minPartitions`` (default 1: one
+Spark task per partition range), ``failOnDataLoss`` (default true).
 Sink: ``destination`` (required, one), ``sinkId``.
 """
 
@@ -134,6 +135,7 @@ class ReadOptions:
     max_records: int | None = None
     max_bytes: int | None = None
     max_bytes_per_partition: int = DEFAULT_MAX_BYTES_PER_PARTITION
+    min_partitions: int = 1
     fail_on_data_loss: bool = True
 
     @classmethod
@@ -155,6 +157,7 @@ class ReadOptions:
             max_bytes=max_bytes,
             max_bytes_per_partition=_positive(opts, "maxBytesPerPartition")
             or DEFAULT_MAX_BYTES_PER_PARTITION,
+            min_partitions=_positive(opts, "minPartitions") or 1,
             fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
         )
 

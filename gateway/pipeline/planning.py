@@ -27,6 +27,11 @@ a partition needing less than its share leaving the rest to the others, and
 every partition with data reads at least one event (so a trigger may read up
 to one event per partition more than the limit; it never stalls).
 
+Input partitions: one Spark task per partition range, a range above
+``maxBytesPerPartition`` cut at event boundaries, and with ``minPartitions``
+the largest ranges halved until there are that many, so a destination of one
+partition is still read by several cores.
+
 Data loss: retention drops a segment's oldest chunks whether or not a reader
 got to them. A planned start below a segment's retained start is an error
 naming the segment and the bytes lost (``failOnDataLoss``, the default), or,
@@ -39,7 +44,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
 __all__ = [
@@ -238,7 +243,9 @@ class Planner:
 
     ``fail_on_data_loss`` decides what a start below the retained start is (see
     the module's docstring); ``max_bytes_per_partition`` is where ranges are
-    split."""
+    split, and ``min_partitions`` how many ranges a plan has at least, the
+    largest halved until then, so that one busy partition keeps several Spark
+    cores reading."""
 
     def __init__(
         self,
@@ -247,11 +254,13 @@ class Planner:
         *,
         fail_on_data_loss: bool = True,
         max_bytes_per_partition: int = DEFAULT_MAX_BYTES_PER_PARTITION,
+        min_partitions: int = 1,
     ) -> None:
         self.service = service
         self.destinations = tuple(destinations)
         self.fail_on_data_loss = fail_on_data_loss
         self.max_bytes_per_partition = max_bytes_per_partition
+        self.min_partitions = min_partitions
 
     # -- the segments now ------------------------------------------------------
 
@@ -384,7 +393,8 @@ class Planner:
 
     def ranges(self, start: Offsets, end: Offsets) -> list[SegmentRange]:
         """The byte ranges from ``start`` to ``end``, one per partition that has
-        data, split at event boundaries above ``max_bytes_per_partition``. A
+        data, split at event boundaries above ``max_bytes_per_partition`` and
+        until there are ``min_partitions`` (:meth:`spread`). A
         partition ``start`` does not know begins at its retained start; a start
         below the retained start is data loss (:meth:`checked_start`)."""
         layout = self.layout()
@@ -398,7 +408,7 @@ class Planner:
                 if stop > first:
                     whole = SegmentRange(destination, p, segment_name(destination, p), first, stop)
                     out.extend(self.split(whole))
-        return out
+        return self.spread(out)
 
     def split(self, whole: SegmentRange) -> Iterable[SegmentRange]:
         """``whole`` in pieces of at most ``max_bytes_per_partition`` bytes cut at
@@ -413,3 +423,24 @@ class Planner:
             start = cut
         if whole.end > start:
             yield SegmentRange(whole.destination, whole.partition, whole.segment, start, whole.end)
+
+    def spread(self, ranges: Sequence[SegmentRange]) -> list[SegmentRange]:
+        """``ranges`` with the largest halved at an event boundary until there are
+        ``min_partitions`` of them or none can be cut (single events), in order.
+        The same ranges always give the same pieces, as a replay needs."""
+        out = list(ranges)
+        whole: set[SegmentRange] = set()
+        while len(out) < self.min_partitions:
+            candidates = [r for r in out if r not in whole]
+            if not candidates:
+                break
+            big = max(candidates, key=lambda r: r.end - r.start)
+            cut = self.service.locate(big.segment, big.start + (big.end - big.start) // 2)[0]
+            if cut <= big.start:
+                cut = self.service.locate(big.segment, big.start, 1)[0]
+            if not big.start < cut < big.end:
+                whole.add(big)
+                continue
+            i = out.index(big)
+            out[i : i + 1] = [replace(big, end=cut), replace(big, start=cut)]
+        return out

@@ -167,6 +167,7 @@ def _planner(client: SegmentClient, opts: ReadOptions) -> Planner:
         opts.destinations,
         fail_on_data_loss=opts.fail_on_data_loss,
         max_bytes_per_partition=opts.max_bytes_per_partition,
+        min_partitions=opts.min_partitions,
     )
 
 

@@ -18,7 +18,7 @@ def test_read_defaults() -> None:
     assert opts.destinations == ("logs",)
     assert (opts.starting, opts.ending) == ("earliest", "latest")
     assert (opts.max_records, opts.max_bytes, opts.fail_on_data_loss) == (None, None, True)
-    assert opts.max_bytes_per_partition == 64 << 20
+    assert (opts.max_bytes_per_partition, opts.min_partitions) == (64 << 20, 1)
 
 
 def test_read_options_in_any_case() -> None:
@@ -30,6 +30,7 @@ def test_read_options_in_any_case() -> None:
             "EndingOffsets": "LATEST",
             "maxRecordsPerTrigger": "1000",
             "maxbytesperpartition": "4096",
+            "minPartitions": "4",
             "FAILONDATALOSS": "False",
             "timeout": "2.5",
         }
@@ -38,7 +39,7 @@ def test_read_options_in_any_case() -> None:
     assert opts.connection.timeout == 2.5
     assert opts.destinations == ("logs", "parts")
     assert (opts.starting, opts.ending) == ({"logs": {0: 128}}, "latest")
-    assert (opts.max_records, opts.max_bytes_per_partition) == (1000, 4096)
+    assert (opts.max_records, opts.max_bytes_per_partition, opts.min_partitions) == (1000, 4096, 4)
     assert opts.fail_on_data_loss is False
 
 

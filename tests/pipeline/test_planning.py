@@ -195,6 +195,27 @@ def test_large_ranges_are_split_at_event_boundaries() -> None:
     assert all(r.segment == "logs/0" for r in got)
 
 
+def test_min_partitions_halves_the_largest_ranges_at_boundaries() -> None:
+    service = FakeService(parts=[events(10), events(3), FakeSegment([5000])])
+    planner = Planner(service, ["parts"], min_partitions=6)
+    end = {"parts": {0: 10 * E, 1: 3 * E, 2: 5008}}
+    got = planner.ranges({"parts": {0: 0, 1: 0, 2: 0}}, end)
+    # Partition 2 is one event: never cut. Partition 0 is halved, then its halves.
+    assert [(r.partition, r.start, r.end) for r in got] == [
+        (0, 0, 2 * E),
+        (0, 2 * E, 5 * E),
+        (0, 5 * E, 7 * E),
+        (0, 7 * E, 10 * E),
+        (1, 0, 3 * E),
+        (2, 0, 5008),
+    ]
+    assert planner.ranges({"parts": {0: 0, 1: 0, 2: 0}}, end) == got
+    few = Planner(service, ["parts"], min_partitions=100).ranges(
+        {"parts": {1: 0}}, {"parts": {1: 3 * E}}
+    )
+    assert [(r.start, r.end) for r in few] == [(0, E), (E, 2 * E), (2 * E, 3 * E)]
+
+
 def test_a_range_under_the_split_size_asks_nothing() -> None:
     service = FakeService(logs=[events(10)])
     planner = Planner(service, ["logs"], max_bytes_per_partition=10 * E)

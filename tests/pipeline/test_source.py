@@ -143,6 +143,7 @@ def test_a_stream_reads_every_record_once_in_limited_batches(
         .option("address", gateway.address("segment"))
         .option("destination", "logs")
         .option("maxRecordsPerTrigger", "10")
+        .option("minPartitions", "2")
         .load()
     )
     query = (
