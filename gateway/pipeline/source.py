@@ -126,6 +126,8 @@ def read_range(options: ReadOptions, part: SegmentRange) -> Iterator[pa.RecordBa
                     start = offset + len(data)
                 return
             except SegmentTruncatedError as e:
+                if e.start_offset <= start:
+                    raise
                 start = checked_start(
                     part.destination,
                     part.partition,
@@ -150,7 +152,7 @@ class InterchangeBatchReader(DataSourceReader):
             for destination, infos in layout.items():
                 if not infos:
                     log.warning(
-                        "destination %r: no segment %s/0 at the gateway", *[destination] * 2
+                        "destination %r: no segment %s/0 at the gateway", destination, destination
                     )
             start = planner.resolve(opts.starting, layout)
             end = planner.resolve(opts.ending, layout, missing=LATEST)

@@ -10,6 +10,7 @@ import json
 import uuid
 import zlib
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,9 @@ import trio
 from interchange_ndjson.client import NdjsonClient
 from pyspark.errors import StreamingQueryException
 
+from gateway.pipeline.options import ReadOptions
+from gateway.pipeline.planning import DataLossError, SegmentRange
+from gateway.pipeline.source import read_range
 from protocols.segment.blocking import SegmentClient
 from tests.harness import host_port
 from tests.pipeline.conftest import GatewayThread, pipeline_config
@@ -225,3 +229,23 @@ def test_a_stream_behind_retention_fails_or_skips(spark: Any, tmp_path: Path) ->
     kept = sorted(bytes(r.body) for r in out if bytes(r.body) != b"first")
     assert 0 < len(kept) < len(later)
     assert kept == later[-len(kept) :]
+
+
+def test_a_range_retention_dropped_after_planning(tmp_path: Path) -> None:
+    """What an executor meets when retention runs between planning and reading."""
+    gateway = truncated_gateway(tmp_path)
+    try:
+        bodies = [f"event {i:03d} ".encode() * 10 for i in range(60)]
+        publish(gateway.address("ndjson"), bodies, "logs")
+        with SegmentClient(gateway.address("segment")) as client:
+            info = client.info("logs/0")
+        planned = SegmentRange("logs", 0, "logs/0", 0, info.end)
+        strict = ReadOptions.parse({"address": gateway.address("segment"), "destination": "logs"})
+        with pytest.raises(DataLossError, match=f"segment 'logs/0': bytes 0 to {info.start}"):
+            list(read_range(strict, planned))
+        lenient = replace(strict, fail_on_data_loss=False)
+        rows = [r for batch in read_range(lenient, planned) for r in batch.to_pylist()]
+    finally:
+        gateway.stop()
+    assert rows[0]["offset"] == info.start
+    assert [r["body"] for r in rows] == bodies[-len(rows) :]
