@@ -28,9 +28,10 @@ every partition with data reads at least one event (so a trigger may read up
 to one event per partition more than the limit; it never stalls).
 
 Input partitions: one Spark task per partition range, a range above
-``maxBytesPerPartition`` cut at event boundaries, and with ``minPartitions``
-the largest ranges halved until there are that many, so a destination of one
-partition is still read by several cores.
+``maxBytesPerPartition`` cut at event boundaries into pieces of about equal size
+(as many as a multiple of ``minPartitions``, so the last wave of tasks is as full
+as the others), and with ``minPartitions`` the largest ranges halved until there
+are that many, so a destination of one partition is still read by several cores.
 
 Data loss: retention drops a segment's oldest chunks whether or not a reader
 got to them. A planned start below a segment's retained start is an error
@@ -411,14 +412,23 @@ class Planner:
         return self.spread(out)
 
     def split(self, whole: SegmentRange) -> Iterable[SegmentRange]:
-        """``whole`` in pieces of at most ``max_bytes_per_partition`` bytes cut at
-        event boundaries (an event larger than that is a piece of its own)."""
+        """``whole`` in pieces of about equal size, at most
+        ``max_bytes_per_partition`` bytes each, cut at event boundaries (an event
+        larger than that is a piece of its own). The count of pieces is rounded up
+        to a multiple of ``min_partitions``: pieces of equal size in whole waves
+        keep every core busy to the end, where a short last piece would leave all
+        but one idle."""
+        size = whole.end - whole.start
+        pieces = -(-size // self.max_bytes_per_partition)
+        if pieces > 1:
+            pieces = -(-pieces // self.min_partitions) * self.min_partitions
         start = whole.start
-        while whole.end - start > self.max_bytes_per_partition:
-            cut = self.service.locate(whole.segment, start + self.max_bytes_per_partition)[0]
+        for k in range(1, pieces):
+            cut = self.service.locate(whole.segment, whole.start + size * k // pieces)[0]
             if cut <= start:
                 cut = self.service.locate(whole.segment, start, 1)[0]
-            cut = min(cut, whole.end)
+            if cut >= whole.end:
+                break
             yield SegmentRange(whole.destination, whole.partition, whole.segment, start, cut)
             start = cut
         if whole.end > start:

@@ -3,6 +3,7 @@ segment service in memory: no Spark, no gateway."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import pytest
@@ -265,3 +266,16 @@ def test_without_fail_on_data_loss_the_start_skips_and_warns(
 def test_a_batch_wholly_dropped_reads_nothing() -> None:
     planner = Planner(truncated(), ["logs"], fail_on_data_loss=False)
     assert planner.ranges({"logs": {0: 0}}, {"logs": {0: 2 * E}}) == []
+
+
+def test_split_pieces_are_even_and_fill_whole_waves_of_min_partitions() -> None:
+    """50 events over a 16-event bound: 4 pieces, not 16+16+16+2; with two cores,
+    4 stays 4 (two full waves), and with three it becomes 6."""
+    service = FakeService(logs=[events(50)])
+    for cores, sizes in ((1, [12, 13, 12, 13]), (2, [12, 13, 12, 13]), (3, [8, 8, 9, 8, 8, 9])):
+        planner = Planner(service, ["logs"], max_bytes_per_partition=16 * E, min_partitions=cores)
+        got = planner.ranges({"logs": {0: 0}}, {"logs": {0: 50 * E}})
+        assert [(r.end - r.start) // E for r in got] == sizes
+        assert got[0].start == 0
+        assert got[-1].end == 50 * E
+        assert all(a.end == b.start for a, b in itertools.pairwise(got))
