@@ -25,15 +25,14 @@ Source: ``destination`` (required; a comma list reads several),
 ``startingOffsets`` (``earliest``, the default, ``latest`` or JSON),
 ``endingOffsets`` (batch reads: ``latest``, the default, or JSON),
 ``maxRecordsPerTrigger`` or ``maxBytesPerTrigger`` (streaming; at most one),
-``maxBytesPerPartition`` (default 64 MiB), ``minPartitions`` (default: the
-cores of the machine that plans the query, the driver's: a one-partition
-destination is still read by every local core), ``failOnDataLoss`` (default true).
+``maxBytesPerPartition`` (default 64 MiB), ``minPartitions`` (default 1: one
+Spark task per partition range; set it to the cores to read a one-partition
+destination with all of them), ``failOnDataLoss`` (default true).
 Sink: ``destination`` (required, one), ``sinkId``.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -44,10 +43,11 @@ __all__ = ["DEFAULT_ADDRESS", "Connection", "ReadOptions", "WriteOptions"]
 
 #: The segment-append listener of the default configuration.
 DEFAULT_ADDRESS = "127.0.0.1:12345"
-#: ``minPartitions`` unless given: the planning machine's cores (measured: a
-#: one-partition destination read as two tasks in ``local[2]`` about 1.3 times as
-#: fast as one; docs/performance.md).
-DEFAULT_MIN_PARTITIONS = os.cpu_count() or 1
+#: ``minPartitions`` unless given: one Spark task per range, as Kafka's source
+#: reads one per Kafka partition. Not the machine's cores: a replayed micro-batch
+#: must be cut into the same tasks wherever the driver restarts, or the sink's
+#: writer ids (which follow Spark's partitions) change and rows are written twice.
+DEFAULT_MIN_PARTITIONS = 1
 
 _TLS_FILES = ("tlscafile", "tlscertfile", "tlskeyfile", "tlsservername")
 
