@@ -12,35 +12,15 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-import trio
-from interchange_ndjson.client import NdjsonClient
-from interchange_ndjson.events import Deliver, End
 
 from gateway.config.certs import init_dir
 from gateway.pipeline.options import WriteOptions
 from gateway.pipeline.sink import InterchangeBatchWriter, event_number, partition_of, writer_id
 from protocols.segment.blocking import SegmentClient
-from tests.harness import host_port
 from tests.pipeline.conftest import GatewayThread, pipeline_config
+from tests.pipeline.traffic import read_all
 
 SCHEMA = "body STRING, headers MAP<STRING, STRING>, content_type STRING, partition_key STRING"
-
-
-def subscribe_all(address: str, destination: str) -> list[Deliver]:
-    """Every message ``destination`` holds, as an ndjson subscriber from earliest
-    to latest receives them."""
-
-    async def main() -> list[Deliver]:
-        got: list[Deliver] = []
-        with trio.fail_after(30):
-            async with await NdjsonClient.connect(*host_port(address)) as client:
-                await client.subscribe(destination, start="earliest", end="latest")
-                while not isinstance(event := await client.receive(), End):
-                    got.append(event)
-                    await client.ack(event.tag)
-        return got
-
-    return trio.run(main)
 
 
 def read_back(spark: Any, gateway: GatewayThread, destination: str) -> list[Any]:
@@ -99,7 +79,7 @@ def test_the_same_batch_written_twice_is_stored_once(spark: Any, gateway: Gatewa
     write(df, gateway, "alerts", "nightly")
     bodies = sorted(bytes(r.body).decode() for r in read_back(spark, gateway, "alerts"))
     assert bodies == sorted(f"alert {i}" for i in range(40))
-    delivered = subscribe_all(gateway.address("ndjson"), "alerts")
+    delivered = read_all(gateway.address("ndjson"), "alerts")
     assert sorted(d.body.decode() for d in delivered) == bodies
     # Another sink id is another write.
     write(df.limit(3), gateway, "alerts", "other")

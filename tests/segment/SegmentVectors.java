@@ -166,6 +166,33 @@ public final class SegmentVectors {
             out.writeLong(7);
         }));
         // The replies that have no vector in the research.
+        // Pravega's segment info and offset commands, as its WireCommands write them.
+        print("get_stream_segment_info", command(11, out -> {
+            out.writeLong(9);
+            out.writeUTF(SEGMENT);
+            out.writeUTF("");
+        }));
+        print("stream_segment_info", command(12, out -> {
+            out.writeLong(9);
+            out.writeUTF(SEGMENT);
+            out.writeBoolean(true);
+            out.writeBoolean(false);
+            out.writeBoolean(false);
+            out.writeLong(1700000000000L);
+            out.writeLong(4096);
+            out.writeLong(1024);
+        }));
+        print("locate_offset", command(41, out -> {
+            out.writeLong(10);
+            out.writeUTF(SEGMENT);
+            out.writeLong(2048);
+            out.writeUTF("");
+        }));
+        print("offset_located", command(42, out -> {
+            out.writeLong(10);
+            out.writeUTF(SEGMENT);
+            out.writeLong(2000);
+        }));
         print("segment_is_sealed", command(51, out -> {
             out.writeLong(3);
             out.writeUTF(SEGMENT);

@@ -24,10 +24,14 @@ from protocols.segment import (
     AuthTokenCheckFailed,
     Command,
     ErrorMessage,
+    GetStreamSegmentInfo,
+    LocateOffset,
+    OffsetLocated,
     OperationUnsupported,
     SegmentAlreadyExists,
     SegmentIsSealed,
     SegmentIsTruncated,
+    StreamSegmentInfo,
     encode,
 )
 from protocols.segment.mutf8 import encode_utf
@@ -44,6 +48,14 @@ MORE: dict[str, Command] = {
     "operation_unsupported": OperationUnsupported(6, "createSegment", ""),
     "auth_token_check_failed": AuthTokenCheckFailed(7, "", 1),
     "error_message": ErrorMessage(8, SEGMENT, "café \x00 \U0001f600", 0),
+    # Pravega's own layouts: without Interchange's trailing fields (left at their
+    # defaults, so not written), the bytes are Pravega's.
+    "get_stream_segment_info": GetStreamSegmentInfo(9, SEGMENT),
+    "stream_segment_info": StreamSegmentInfo(
+        9, SEGMENT, True, False, False, 1700000000000, 4096, 1024
+    ),
+    "locate_offset": LocateOffset(10, SEGMENT, 2048),
+    "offset_located": OffsetLocated(10, SEGMENT, 2000),
 }
 
 #: Strings whose ``writeUTF`` bytes are compared: the edges, then random ones from
