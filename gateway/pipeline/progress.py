@@ -44,8 +44,15 @@ def format_progress(progress: Mapping[str, Any]) -> str:
     name = progress.get("name") or str(progress.get("id", "query"))[:8]
     rows = int(progress.get("numInputRows") or 0)
     rate = float(progress.get("processedRowsPerSecond") or 0.0)
-    took = (progress.get("durationMs") or {}).get("triggerExecution")
-    line = f"{name} batch {progress.get('batchId')}: {rows} rows, {rate:.0f} rows/s"
+    durations = progress.get("durationMs") or {}
+    took = durations.get("triggerExecution")
+    if rows == 0 and "addBatch" not in durations:
+        # Spark's heartbeat while no data comes (about every 10 s): no batch ran,
+        # and batchId is the next one's.
+        line = f"{name} waiting for data (batch {progress.get('batchId')} next)"
+        took = None
+    else:
+        line = f"{name} batch {progress.get('batchId')}: {rows} rows, {rate:.0f} rows/s"
     if took is not None:
         line += f", {took} ms"
     lags: dict[str, int] = {}

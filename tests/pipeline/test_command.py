@@ -211,6 +211,16 @@ def test_each_record_is_printed_once_per_query() -> None:
     assert printer.new_lines("q", [first, RECORDED, idle]) == [format_progress(idle)]
 
 
+def test_an_idle_heartbeat_says_it_waits_and_shows_the_lag() -> None:
+    """Without new data Spark runs no batch but reports every ten seconds, with the
+    next batch's id: that is not a batch of 0 rows."""
+    idle = {**RECORDED, "numInputRows": 0, "durationMs": {"triggerExecution": 2}}
+    line = format_progress(idle)
+    assert line.startswith("stats waiting for data (batch 7 next); lag logs/0 0 B")
+    empty = {**RECORDED, "numInputRows": 0, "durationMs": {"addBatch": 5, "triggerExecution": 9}}
+    assert format_progress(empty).startswith("stats batch 7: 0 rows, ")
+
+
 # --- end to end -----------------------------------------------------------------
 
 
