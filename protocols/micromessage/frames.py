@@ -1,0 +1,370 @@
+"""Micromessage2 frames to bytes and back: the frame layer, sans I/O.
+
+The frame layer starts after the handshake, which has no flags byte and is
+the codec's. One exception reaches it early: an ERROR frame may replace any
+handshake step, and the codec tells it apart by bit ``0x04`` of the first
+byte (a handshake's major version, 1, never has it) and hands it here.
+
+Layout (all integers big-endian; ``len`` is 1 byte, or 4 with LARGE_PAYLOAD):
+
+* MESSAGE   ``[flags][seq:u16][destLen:u8][dest][propsLen:u16][props][len][payload]``
+* COMMAND   ``[flags|0x01][len][payload]``
+* EXTENSION ``[flags|0x02][id:u8][len][payload]``
+* ERROR     ``[flags|0x04][len][UTF-8 text]``
+
+:func:`encode_frame` sets LARGE_PAYLOAD iff the payload is over 255 bytes
+(for every kind) and cuts payloads over :data:`MAX_FRAGMENT` into CONTINUED
+fragments; :class:`FrameDecoder` parses by offset, joins fragments, and
+bounds what it holds: a frame announcing more than :data:`MAX_FRAGMENT` is
+refused from its length field, before its bytes arrive.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from gateway.sdk import LocalProtocolError, RemoteProtocolError
+
+from .events import (
+    FLAG_NAMES,
+    MAX_FRAGMENT,
+    MAX_HEADER,
+    MAX_PAYLOAD,
+    MAX_SMALL_LENGTH,
+    RESERVED_BITS,
+    SEQUENCE,
+    TYPE_BITS,
+    Command,
+    Error,
+    Extension,
+    Flags,
+    Frame,
+    Message,
+)
+
+__all__ = ["FrameDecoder", "encode_frame", "parse_frame"]
+
+_U16: Final = struct.Struct(">H")
+_U32: Final = struct.Struct(">I")
+_KIND: Final = {Message: 0, Command: 1, Extension: 2, Error: 4}
+
+
+def _payload_of(frame: Frame) -> bytes:
+    """The payload bytes of ``frame`` (an ERROR's text in UTF-8)."""
+    if isinstance(frame, Error):
+        return frame.message.encode("utf-8")
+    return frame.payload
+
+
+def _ascii(text: str, what: str, limit: int) -> bytes:
+    """``text`` as ASCII of at most ``limit`` bytes, else LocalProtocolError."""
+    try:
+        raw = text.encode("ascii")
+    except UnicodeEncodeError as exc:
+        raise LocalProtocolError(f"{what} must be ASCII: {text!r}") from exc
+    if len(raw) > limit:
+        raise LocalProtocolError(f"{what} is {len(raw)} bytes, at most {limit}")
+    return raw
+
+
+def _check(frame: Frame) -> None:
+    """Refuse a frame no peer may receive (LocalProtocolError)."""
+    if isinstance(frame, Message) and frame.seq not in SEQUENCE:
+        raise LocalProtocolError(f"sequence number {frame.seq} is outside 1..65535")
+    if isinstance(frame, Extension) and not 1 <= frame.ext_id <= 255:
+        raise LocalProtocolError(f"extension id {frame.ext_id} is outside 1..255")
+
+
+def _length(n: int) -> tuple[int, bytes]:
+    """The LARGE_PAYLOAD bit and the length field for an ``n``-byte payload."""
+    if n > MAX_SMALL_LENGTH:
+        return Flags.LARGE_PAYLOAD, _U32.pack(n)
+    return 0, bytes((n,))
+
+
+def _encode_one(frame: Frame, chunk: bytes, first: bool, more: bool) -> bytes:
+    """One fragment of ``frame`` carrying ``chunk``; only the first names a destination."""
+    large, length = _length(len(chunk))
+    flags = _KIND[type(frame)] | large | (Flags.CONTINUED if more else 0)
+    head = bytearray((flags,))
+    if isinstance(frame, Message):
+        dest = _ascii(frame.destination, "destination", 255) if first else b""
+        props = _ascii(frame.properties, "properties", 65535) if first else b""
+        head += _U16.pack(frame.seq) + bytes((len(dest),)) + dest
+        head += _U16.pack(len(props)) + props
+    elif isinstance(frame, Extension):
+        head.append(frame.ext_id)
+    return bytes(head + length + chunk)
+
+
+def encode_frame(frame: Frame, *, max_fragment: int = MAX_FRAGMENT) -> bytes:
+    """The bytes of ``frame``: one frame, or CONTINUED fragments of ``max_fragment`` bytes.
+
+    Fragments of a MESSAGE share its sequence number; only the first carries
+    the destination and properties. Raises LocalProtocolError for a frame
+    outside the protocol's ranges.
+    """
+    _check(frame)
+    if not 1 <= max_fragment <= MAX_FRAGMENT:
+        raise LocalProtocolError(f"max_fragment {max_fragment} is outside 1..{MAX_FRAGMENT}")
+    payload = _payload_of(frame)
+    if len(payload) <= max_fragment:
+        return _encode_one(frame, payload, True, False)
+    starts = range(0, len(payload), max_fragment)
+    last = starts[-1]
+    return b"".join(
+        _encode_one(frame, payload[s : s + max_fragment], s == 0, s != last) for s in starts
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Raw:
+    """One parsed frame (maybe a fragment), before fragments are joined."""
+
+    flags: int
+    seq: int
+    ext_id: int
+    destination: str
+    properties: str
+    payload: bytes
+    at: int  # offset of its flags byte in the stream
+
+    @property
+    def kind(self) -> int:
+        return self.flags & TYPE_BITS
+
+    @property
+    def more(self) -> bool:
+        return bool(self.flags & Flags.CONTINUED)
+
+
+def _check_flags(flags: int, at: int) -> None:
+    """Reject reserved bits and more than one kind bit."""
+    if flags & RESERVED_BITS:
+        raise RemoteProtocolError(
+            f"byte {at} (flags 0x{flags:02x}): reserved bits 0x{flags & RESERVED_BITS:02x} set"
+        )
+    if flags & TYPE_BITS not in FLAG_NAMES:
+        raise RemoteProtocolError(
+            f"byte {at} (flags 0x{flags:02x}): more than one of COMMAND/EXTENSION/ERROR set"
+        )
+
+
+def _text(data: bytearray, start: int, n: int, what: str, at: int) -> str:
+    """``n`` bytes at ``start`` as ASCII, else RemoteProtocolError naming the byte."""
+    raw = bytes(data[start : start + n])
+    try:
+        return raw.decode("ascii")
+    except UnicodeDecodeError as exc:
+        raise RemoteProtocolError(
+            f"byte {at + exc.start} (0x{raw[exc.start]:02x}): {what} must be ASCII"
+        ) from exc
+
+
+def _message_head(data: bytearray, p: int, end: int, base: int) -> tuple[int, str, str, int] | None:
+    """A MESSAGE's seq, destination and properties from ``p``; None: incomplete."""
+    if end - p < 3:
+        return None
+    seq = _U16.unpack_from(data, p)[0]
+    if seq == 0:
+        raise RemoteProtocolError(f"byte {base + p} (0x0000): sequence number 0 is never sent")
+    dlen = data[p + 2]
+    p += 3
+    if end - p < dlen + 2:
+        return None
+    dest = _text(data, p, dlen, "the destination", base + p)
+    p += dlen
+    plen = _U16.unpack_from(data, p)[0]
+    p += 2
+    if end - p < plen:
+        return None
+    props = _text(data, p, plen, "the properties", base + p)
+    return seq, dest, props, p + plen
+
+
+def _payload_length(
+    data: bytearray, p: int, end: int, flags: int, base: int, cap: int
+) -> tuple[int, int] | None:
+    """The payload length at ``p`` and the offset after it; None: incomplete."""
+    at = base + p
+    if flags & Flags.LARGE_PAYLOAD:
+        if end - p < 4:
+            return None
+        n, p = _U32.unpack_from(data, p)[0], p + 4
+    else:
+        if end - p < 1:
+            return None
+        n, p = data[p], p + 1
+    if n > cap:
+        raise RemoteProtocolError(
+            f"byte {at} (length {n}): a frame's payload is at most {cap} bytes;"
+            " longer payloads must be sent as CONTINUED fragments"
+        )
+    return n, p
+
+
+def parse_frame(
+    data: bytearray, pos: int, end: int, base: int, cap: int
+) -> tuple[_Raw, int] | None:
+    """The frame (or fragment) at ``data[pos:end]`` and the offset after it; None: incomplete.
+
+    ``base`` is the stream offset of ``data[0]`` (for error messages); ``cap``
+    the largest payload accepted. Raises RemoteProtocolError naming the byte.
+    """
+    if pos >= end:
+        return None
+    flags, at, p = data[pos], base + pos, pos + 1
+    _check_flags(flags, at)
+    seq, ext_id, dest, props = 0, 0, "", ""
+    if flags & TYPE_BITS == 0:
+        head = _message_head(data, p, end, base)
+        if head is None:
+            return None
+        seq, dest, props, p = head
+    elif flags & Flags.EXTENSION:
+        if p >= end:
+            return None
+        ext_id, p = data[p], p + 1
+        if ext_id == 0:
+            raise RemoteProtocolError(f"byte {base + p - 1} (0x00): extension ids start at 1")
+    sized = _payload_length(data, p, end, flags, base, cap)
+    if sized is None:
+        return None
+    n, p = sized
+    if end - p < n:
+        return None
+    return _Raw(flags, seq, ext_id, dest, props, bytes(data[p : p + n]), at), p + n
+
+
+class FrameDecoder:
+    """Whole frames out of received bytes, one direction of one connection.
+
+    :meth:`feed` appends bytes; :meth:`next_frame` returns the next whole
+    frame, or None until more bytes come (NEED_DATA). CONTINUED fragments
+    are joined: a MESSAGE's later fragments must repeat its sequence number
+    and carry no destination or properties, and no other MESSAGE may start
+    before its last fragment; other kinds may interleave. What it holds is
+    bounded: unparsed bytes by :attr:`max_buffer` (feeding past it without
+    draining is the caller's error), one frame's payload by
+    ``max_fragment``, and all fragments being joined by ``max_payload``.
+
+    ``extension_count`` (None: any id 1..255, as a relay forwarding unknown
+    extensions needs) refuses EXTENSION frames above the negotiated count.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_fragment: int = MAX_FRAGMENT,
+        max_payload: int = MAX_PAYLOAD,
+        extension_count: int | None = None,
+    ) -> None:
+        self.max_fragment = max_fragment
+        self.max_payload = max_payload
+        self.extension_count = extension_count
+        #: The most unparsed bytes held: two largest frames.
+        self.max_buffer = 2 * (MAX_HEADER + max_fragment)
+        self._data = bytearray()
+        self._pos = 0
+        self._base = 0  # stream offset of _data[0]
+        self._pending: dict[tuple[int, int], list[_Raw]] = {}
+        self._pending_bytes = 0
+
+    @property
+    def held(self) -> int:
+        """Bytes held: unparsed ones and fragments waiting for their last."""
+        return len(self._data) - self._pos + self._pending_bytes
+
+    def feed(self, data: bytes) -> None:
+        """Append received bytes (LocalProtocolError past :attr:`max_buffer`)."""
+        if len(self._data) - self._pos + len(data) > self.max_buffer:
+            raise LocalProtocolError(
+                f"over {self.max_buffer} unparsed bytes: drain next_frame() before feeding more"
+            )
+        if self._pos and self._pos * 2 >= len(self._data):
+            del self._data[: self._pos]
+            self._base += self._pos
+            self._pos = 0
+        self._data += data
+
+    def next_frame(self) -> Frame | None:
+        """The next whole frame, or None until more bytes are fed."""
+        while True:
+            parsed = parse_frame(
+                self._data, self._pos, len(self._data), self._base, self.max_fragment
+            )
+            if parsed is None:
+                return None
+            raw, self._pos = parsed
+            self._check_extension(raw)
+            frame = self._join(raw)
+            if frame is not None:
+                return frame
+
+    def check_eof(self) -> None:
+        """The peer closed: RemoteProtocolError if it stopped inside a frame or a payload."""
+        if self.held:
+            raise RemoteProtocolError(
+                f"connection closed at byte {self._base + len(self._data)} inside a frame"
+                f" ({self.held} bytes of it received)"
+            )
+
+    def _check_extension(self, raw: _Raw) -> None:
+        count = self.extension_count
+        if raw.kind == Flags.EXTENSION and count is not None and raw.ext_id > count:
+            raise RemoteProtocolError(
+                f"byte {raw.at + 1} (0x{raw.ext_id:02x}): extension id {raw.ext_id},"
+                f" but {count} extensions were negotiated"
+            )
+
+    def _join(self, raw: _Raw) -> Frame | None:
+        """The whole frame once ``raw`` is its last fragment; None before."""
+        key = (raw.kind, raw.ext_id)
+        parts = self._pending.get(key)
+        if raw.kind == 0:
+            parts = self._check_message_fragment(raw, parts)
+        if parts is None and not raw.more:
+            return _build(raw, raw.payload)
+        self._pending_bytes += len(raw.payload)
+        if self._pending_bytes > self.max_payload:
+            raise RemoteProtocolError(
+                f"byte {raw.at}: fragments being joined pass {self.max_payload} bytes"
+            )
+        parts = self._pending.setdefault(key, [])
+        parts.append(raw)
+        if raw.more:
+            return None
+        del self._pending[key]
+        payload = b"".join(part.payload for part in parts)
+        self._pending_bytes -= len(payload)
+        return _build(parts[0], payload)
+
+    def _check_message_fragment(self, raw: _Raw, parts: list[_Raw] | None) -> list[_Raw] | None:
+        """Refuse a MESSAGE fragment that does not continue the one being joined."""
+        if parts is None:
+            return None
+        if raw.seq != parts[0].seq:
+            raise RemoteProtocolError(
+                f"byte {raw.at + 1}: MESSAGE {raw.seq} starts before the last fragment"
+                f" of MESSAGE {parts[0].seq}"
+            )
+        if raw.destination or raw.properties:
+            raise RemoteProtocolError(
+                f"byte {raw.at + 3}: a later fragment of MESSAGE {raw.seq}"
+                " carries a destination or properties"
+            )
+        return parts
+
+
+def _build(raw: _Raw, payload: bytes) -> Frame:
+    """The frame ``raw`` (its first fragment) starts, with the joined ``payload``."""
+    kind = raw.kind
+    if kind == 0:
+        return Message(raw.seq, raw.destination, raw.properties, payload)
+    if kind == Flags.COMMAND:
+        return Command(payload)
+    if kind == Flags.EXTENSION:
+        return Extension(raw.ext_id, payload)
+    return Error(payload.decode("utf-8", errors="replace"))
