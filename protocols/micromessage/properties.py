@@ -83,7 +83,7 @@ def _typed(kind: str, body: str) -> str | None:
         if _INTEGER.match(body) and int(body) in _INT64:
             return str(int(body))
         return None
-    if _SECONDS.match(body) and len(body) <= 40:
+    if _SECONDS.match(body):
         return _iso(int(Decimal(body).scaleb(6).to_integral_value()))
     return None
 

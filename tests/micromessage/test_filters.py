@@ -280,6 +280,8 @@ def test_core_limits_become_protocol_errors() -> None:
         parse_filter(";".join(["a=N1"] * 65))
     with pytest.raises(RemoteProtocolError, match="out of range"):
         parse_filter("a=D99999999999999999")
+    with pytest.raises(RemoteProtocolError, match="out of range"):
+        parse_filter("a=D" + "9" * 5000)
     with pytest.raises(RemoteProtocolError, match="longer than"):
         parse_filter("a=T" + "x" * 5000)
 
