@@ -25,7 +25,7 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-from gateway.sdk import LocalProtocolError, RemoteProtocolError
+from gateway.sdk import LocalProtocolError, ReceiveBuffer, RemoteProtocolError
 
 from .events import (
     FLAG_NAMES,
@@ -241,63 +241,76 @@ def parse_frame(
 class FrameDecoder:
     """Whole frames out of received bytes, one direction of one connection.
 
-    :meth:`feed` appends bytes; :meth:`next_frame` returns the next whole
-    frame, or None until more bytes come (NEED_DATA). CONTINUED fragments
-    are joined: a MESSAGE's later fragments must repeat its sequence number
-    and carry no destination or properties, and no other MESSAGE may start
-    before its last fragment; other kinds may interleave. What it holds is
-    bounded: unparsed bytes by :attr:`max_buffer` (feeding past it without
-    draining is the caller's error), one frame's payload by
-    ``max_fragment``, and all fragments being joined by ``max_payload``.
+    It parses in place from a :class:`ReceiveBuffer`: its own, filled by
+    :meth:`feed`, or a codec's (``buffer=``), which the codec read the
+    handshake from first; the decoder starts at the buffer's current
+    position. :meth:`next_frame` returns the next whole frame, or None until
+    more bytes come (NEED_DATA). CONTINUED fragments are joined: a MESSAGE's
+    later fragments must repeat its sequence number and carry no destination
+    or properties, and no other MESSAGE may start before its last fragment;
+    other kinds may interleave. What it holds is bounded: one frame's payload
+    by ``max_fragment`` (refused from its length field), all fragments being
+    joined by ``max_payload``, and the unparsed bytes :meth:`feed` takes by
+    :attr:`max_buffer` (feeding past it without draining is the caller's
+    error).
 
     ``extension_count`` (None: any id 1..255, as a relay forwarding unknown
     extensions needs) refuses EXTENSION frames above the negotiated count.
+    Errors name a byte by its offset in the stream: ``offset`` is that of
+    the first byte the decoder parses (the handshake's length, for a codec
+    that wants offsets from the connection's start).
     """
 
     def __init__(
         self,
         *,
+        buffer: ReceiveBuffer | None = None,
+        offset: int = 0,
         max_fragment: int = MAX_FRAGMENT,
         max_payload: int = MAX_PAYLOAD,
         extension_count: int | None = None,
     ) -> None:
+        self.buffer = ReceiveBuffer() if buffer is None else buffer
         self.max_fragment = max_fragment
         self.max_payload = max_payload
         self.extension_count = extension_count
-        #: The most unparsed bytes held: two largest frames.
+        #: The most unparsed bytes :meth:`feed` holds: two of the largest frames.
         self.max_buffer = 2 * (MAX_HEADER + max_fragment)
-        self._data = bytearray()
-        self._pos = 0
-        self._base = 0  # stream offset of _data[0]
+        self._base = offset - self.buffer.pos  # stream offset of buffer.data[0]
         self._pending: dict[tuple[int, int], list[_Raw]] = {}
-        self._pending_bytes = 0
+        #: Payload bytes of fragments waiting for their last one.
+        self.joining = 0
 
     @property
     def held(self) -> int:
         """Bytes held: unparsed ones and fragments waiting for their last."""
-        return len(self._data) - self._pos + self._pending_bytes
+        return len(self.buffer) + self.joining
 
     def feed(self, data: bytes) -> None:
-        """Append received bytes (LocalProtocolError past :attr:`max_buffer`)."""
-        if len(self._data) - self._pos + len(data) > self.max_buffer:
+        """Append received bytes (LocalProtocolError past :attr:`max_buffer`).
+
+        ``b""`` adds nothing: when the peer closes, call :meth:`check_eof`.
+        """
+        if not data:
+            return
+        if len(self.buffer) + len(data) > self.max_buffer:
             raise LocalProtocolError(
                 f"over {self.max_buffer} unparsed bytes: drain next_frame() before feeding more"
             )
-        if self._pos and self._pos * 2 >= len(self._data):
-            del self._data[: self._pos]
-            self._base += self._pos
-            self._pos = 0
-        self._data += data
+        self.buffer.feed(data)
 
     def next_frame(self) -> Frame | None:
         """The next whole frame, or None until more bytes are fed."""
+        buffer = self.buffer
         while True:
-            parsed = parse_frame(
-                self._data, self._pos, len(self._data), self._base, self.max_fragment
-            )
+            data = buffer.data
+            parsed = parse_frame(data, buffer.pos, len(data), self._base, self.max_fragment)
             if parsed is None:
                 return None
-            raw, self._pos = parsed
+            raw, end = parsed
+            before = len(data)
+            buffer.advance(end)
+            self._base += before - len(buffer.data)  # what advance() dropped
             self._check_extension(raw)
             frame = self._join(raw)
             if frame is not None:
@@ -307,7 +320,7 @@ class FrameDecoder:
         """The peer closed: RemoteProtocolError if it stopped inside a frame or a payload."""
         if self.held:
             raise RemoteProtocolError(
-                f"connection closed at byte {self._base + len(self._data)} inside a frame"
+                f"connection closed at byte {self._base + len(self.buffer.data)} inside a frame"
                 f" ({self.held} bytes of it received)"
             )
 
@@ -327,8 +340,8 @@ class FrameDecoder:
             parts = self._check_message_fragment(raw, parts)
         if parts is None and not raw.more:
             return _build(raw, raw.payload)
-        self._pending_bytes += len(raw.payload)
-        if self._pending_bytes > self.max_payload:
+        self.joining += len(raw.payload)
+        if self.joining > self.max_payload:
             raise RemoteProtocolError(
                 f"byte {raw.at}: fragments being joined pass {self.max_payload} bytes"
             )
@@ -338,7 +351,7 @@ class FrameDecoder:
             return None
         del self._pending[key]
         payload = b"".join(part.payload for part in parts)
-        self._pending_bytes -= len(payload)
+        self.joining -= len(payload)
         return _build(parts[0], payload)
 
     def _check_message_fragment(self, raw: _Raw, parts: list[_Raw] | None) -> list[_Raw] | None:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.sdk import LocalProtocolError, RemoteProtocolError
+from gateway.sdk import LocalProtocolError, ReceiveBuffer, RemoteProtocolError
 from protocols.micromessage.events import (
     MAX_FRAGMENT,
     MAX_HEADER,
@@ -366,3 +366,25 @@ def test_the_docs_examples_are_these_frames() -> None:
         decoded += _decode(bytes.fromhex("".join(spans).replace(" ", "")))
     assert len(decoded) == 6
     assert all(frame in known for frame in decoded)
+
+
+def test_decoding_a_codecs_buffer_after_the_handshake() -> None:
+    """The codec reads the handshake from its buffer, then frames follow in the same bytes."""
+    handshake = bytes.fromhex("010000067365727665720000000962617463682d61636b")
+    buffer = ReceiveBuffer()
+    buffer.feed(handshake + bytes.fromhex("0201020004") + b"\x03")
+    buffer.advance(len(handshake))
+    decoder = FrameDecoder(buffer=buffer, offset=len(handshake), extension_count=1)
+    assert decoder.next_frame() == Extension(1, b"\x00\x04")
+    with pytest.raises(RemoteProtocolError, match=r"^byte 28 \(flags 0x03\)"):
+        decoder.next_frame()
+
+
+def test_error_offsets_count_bytes_already_dropped() -> None:
+    decoder = FrameDecoder()
+    for _ in range(100):
+        decoder.feed(encode_frame(Extension(1, b"\x00\x04")))
+        assert decoder.next_frame() == Extension(1, b"\x00\x04")
+    decoder.feed(b"\x00\x00\x00\x00")
+    with pytest.raises(RemoteProtocolError, match=r"^byte 501 \(0x0000\): sequence number 0"):
+        decoder.next_frame()
