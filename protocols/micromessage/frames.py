@@ -44,7 +44,7 @@ from .events import (
     Message,
 )
 
-__all__ = ["FrameDecoder", "encode_frame", "parse_frame"]
+__all__ = ["FrameDecoder", "encode_frame"]
 
 _U16: Final = struct.Struct(">H")
 _U32: Final = struct.Struct(">I")
@@ -205,7 +205,7 @@ def _payload_length(
     return n, p
 
 
-def parse_frame(
+def _parse_frame(
     data: bytearray, pos: int, end: int, base: int, cap: int
 ) -> tuple[_Raw, int] | None:
     """The frame (or fragment) at ``data[pos:end]`` and the offset after it; None: incomplete.
@@ -277,7 +277,7 @@ class FrameDecoder:
         #: The most unparsed bytes :meth:`feed` holds: two of the largest frames.
         self.max_buffer = 2 * (MAX_HEADER + max_fragment)
         self._base = offset - self.buffer.pos  # stream offset of buffer.data[0]
-        self._pending: dict[tuple[int, int], list[_Raw]] = {}
+        self._pending: dict[tuple[int, int], tuple[_Raw, bytearray]] = {}
         #: Payload bytes of fragments waiting for their last one.
         self.joining = 0
 
@@ -304,7 +304,7 @@ class FrameDecoder:
         buffer = self.buffer
         while True:
             data = buffer.data
-            parsed = parse_frame(data, buffer.pos, len(data), self._base, self.max_fragment)
+            parsed = _parse_frame(data, buffer.pos, len(data), self._base, self.max_fragment)
             if parsed is None:
                 return None
             raw, end = parsed
@@ -318,7 +318,7 @@ class FrameDecoder:
 
     def check_eof(self) -> None:
         """The peer closed: RemoteProtocolError if it stopped inside a frame or a payload."""
-        if self.held:
+        if len(self.buffer) or self._pending:
             raise RemoteProtocolError(
                 f"connection closed at byte {self._base + len(self.buffer.data)} inside a frame"
                 f" ({self.held} bytes of it received)"
@@ -333,42 +333,45 @@ class FrameDecoder:
             )
 
     def _join(self, raw: _Raw) -> Frame | None:
-        """The whole frame once ``raw`` is its last fragment; None before."""
+        """The whole frame once ``raw`` is its last fragment; None before.
+
+        A payload being joined is one ``bytearray`` after its first fragment,
+        so even empty fragments cannot grow what is held.
+        """
         key = (raw.kind, raw.ext_id)
-        parts = self._pending.get(key)
-        if raw.kind == 0:
-            parts = self._check_message_fragment(raw, parts)
-        if parts is None and not raw.more:
+        joined = self._pending.get(key)
+        if joined is None and not raw.more:
             return _build(raw, raw.payload)
+        if joined is None:
+            joined = self._pending[key] = (raw, bytearray())
+        elif raw.kind == 0:
+            _check_message_fragment(raw, joined[0])
         self.joining += len(raw.payload)
         if self.joining > self.max_payload:
             raise RemoteProtocolError(
                 f"byte {raw.at}: fragments being joined pass {self.max_payload} bytes"
             )
-        parts = self._pending.setdefault(key, [])
-        parts.append(raw)
+        first, payload = joined
+        payload += raw.payload
         if raw.more:
             return None
         del self._pending[key]
-        payload = b"".join(part.payload for part in parts)
         self.joining -= len(payload)
-        return _build(parts[0], payload)
+        return _build(first, bytes(payload))
 
-    def _check_message_fragment(self, raw: _Raw, parts: list[_Raw] | None) -> list[_Raw] | None:
-        """Refuse a MESSAGE fragment that does not continue the one being joined."""
-        if parts is None:
-            return None
-        if raw.seq != parts[0].seq:
-            raise RemoteProtocolError(
-                f"byte {raw.at + 1}: MESSAGE {raw.seq} starts before the last fragment"
-                f" of MESSAGE {parts[0].seq}"
-            )
-        if raw.destination or raw.properties:
-            raise RemoteProtocolError(
-                f"byte {raw.at + 3}: a later fragment of MESSAGE {raw.seq}"
-                " carries a destination or properties"
-            )
-        return parts
+
+def _check_message_fragment(raw: _Raw, first: _Raw) -> None:
+    """Refuse a MESSAGE fragment that does not continue the one ``first`` started."""
+    if raw.seq != first.seq:
+        raise RemoteProtocolError(
+            f"byte {raw.at + 1}: MESSAGE {raw.seq} starts before the last fragment"
+            f" of MESSAGE {first.seq}"
+        )
+    if raw.destination or raw.properties:
+        raise RemoteProtocolError(
+            f"byte {raw.at + 3}: a later fragment of MESSAGE {raw.seq}"
+            " carries a destination or properties"
+        )
 
 
 def _build(raw: _Raw, payload: bytes) -> Frame:

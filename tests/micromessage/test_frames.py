@@ -388,3 +388,17 @@ def test_error_offsets_count_bytes_already_dropped() -> None:
     decoder.feed(b"\x00\x00\x00\x00")
     with pytest.raises(RemoteProtocolError, match=r"^byte 501 \(0x0000\): sequence number 0"):
         decoder.next_frame()
+
+
+def test_empty_fragments_hold_nothing() -> None:
+    decoder = FrameDecoder()
+    empty = bytes((Flags.COMMAND | Flags.CONTINUED, 0))
+    for _ in range(1000):
+        decoder.feed(empty)
+        assert decoder.next_frame() is None
+        assert decoder.held == 0
+    with pytest.raises(RemoteProtocolError, match="closed"):
+        decoder.check_eof()
+    decoder.feed(encode_frame(Command(b"go")))
+    assert decoder.next_frame() == Command(b"go")
+    decoder.check_eof()
