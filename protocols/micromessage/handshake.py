@@ -182,7 +182,7 @@ def _over(size: int, limit: int, pos: int) -> None:
 def _decode_error(data: bytes | bytearray, pos: int, limit: int) -> tuple[Error, int] | None:
     """An ERROR frame in place of a handshake step, or None until it is whole."""
     flags = data[pos]
-    if flags & ~(Flags.ERROR | Flags.LARGE_PAYLOAD):
+    if flags & ~int(Flags.ERROR | Flags.LARGE_PAYLOAD) & 0xFF:  # int: ~ on a flag keeps its bits
         raise RemoteProtocolError(f"byte {pos} (0x{flags:02x}): neither a handshake nor an ERROR")
     width = 4 if flags & Flags.LARGE_PAYLOAD else 1
     if len(data) < pos + 1 + width:
