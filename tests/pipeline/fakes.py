@@ -8,17 +8,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True)
-class Info:
-    segment: str
-    exists: bool
-    sealed: bool
-    start: int
-    end: int
-    first_event: int
-    next_event: int
-    last_modified_ms: int = 0
+from protocols.segment.blocking import SegmentInfo
 
 
 @dataclass
@@ -36,9 +26,10 @@ class FakeSegment:
             out.append(out[-1] + 8 + size)
         return out
 
-    def info(self, name: str) -> Info:
+    def info(self, name: str) -> SegmentInfo:
         b = self.boundaries
-        return Info(name, True, False, b[self.dropped], b[-1], self.dropped, len(self.sizes))
+        first, end = b[self.dropped], b[-1]
+        return SegmentInfo(name, True, False, first, end, self.dropped, len(self.sizes), 0)
 
 
 class FakeService:
@@ -55,7 +46,7 @@ class FakeService:
         self.segments[name] = seg
         return seg
 
-    def partitions(self, destination: str) -> list[Info]:
+    def partitions(self, destination: str) -> list[SegmentInfo]:
         self.calls.append(("partitions", destination))
         out = []
         while f"{destination}/{len(out)}" in self.segments:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.pipeline.traffic import publish, read_all
+from tests.pipeline.traffic import pipeline_command, publish, read_all
 
 pytestmark = pytest.mark.spark
 
@@ -119,17 +119,14 @@ def test_gateway_pipeline_runs_on_a_standalone_cluster(
     ]
     publish(ndjson, bodies)
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gateway.pipeline.command",
-            f"--address={gateway.address('segment')}",
+        pipeline_command(
+            gateway.address("segment"),
             f"--master={master_url}",
             "--available-now",
             "--max-records-per-trigger=150",
             "--conf=spark.sql.shuffle.partitions=2",
             "--conf=spark.executor.memory=512m",
-        ],
+        ),
         capture_output=True,
         text=True,
         cwd=tmp_path,

@@ -232,9 +232,8 @@ def test_available_now_run_sends_alerts_to_an_ndjson_subscriber(
     own: Beats-style, ECS-style and plain JSON log events in; the error-level ones
     reach a subscriber of the alerts destination, with content type and headers."""
     import subprocess
-    import sys
 
-    from tests.pipeline.traffic import publish, read_all
+    from tests.pipeline.traffic import pipeline_command, publish, read_all
 
     ndjson = gateway.address("ndjson")
     bodies = [
@@ -246,14 +245,7 @@ def test_available_now_run_sends_alerts_to_an_ndjson_subscriber(
     ]
     publish(ndjson, bodies)
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gateway.pipeline.command",
-            f"--address={gateway.address('segment')}",
-            "--master=local[2]",
-            "--available-now",
-        ],
+        pipeline_command(gateway.address("segment"), "--master=local[2]", "--available-now"),
         capture_output=True,
         text=True,
         cwd=tmp_path,

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.pipeline.traffic import publish, read_all
+from tests.pipeline.traffic import pipeline_command, publish, read_all
 
 pytestmark = pytest.mark.spark
 
@@ -143,14 +143,9 @@ def test_sigint_stops_gateway_pipeline_with_its_checkpoint_intact(
 ) -> None:
     ndjson = gateway.address("ndjson")
     publish(ndjson, records(0, 2000))
-    argv = [
-        sys.executable,
-        "-m",
-        "gateway.pipeline.command",
-        f"--address={gateway.address('segment')}",
-        "--master=local[2]",
-        "--max-records-per-trigger=100",
-    ]
+    argv = pipeline_command(
+        gateway.address("segment"), "--master=local[2]", "--max-records-per-trigger=100"
+    )
     process = subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,

@@ -1,8 +1,10 @@
 """Publishing to and reading from a test gateway over ndjson, from plain (non-trio)
-test code: each call runs its own ``trio.run`` while the gateway runs in its thread."""
+test code: each call runs its own ``trio.run`` while the gateway runs in its thread;
+and the command line of ``gateway pipeline`` against it."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 
 import trio
@@ -52,3 +54,15 @@ def read_all(address: str, destination: str, timeout: float = 30.0) -> list[Deli
         return got
 
     return trio.run(main)
+
+
+def pipeline_command(segment_address: str, *options: str) -> list[str]:
+    """``gateway pipeline`` (as ``python -m``, with this interpreter) reading the test
+    gateway at ``segment_address``, with ``options``."""
+    return [
+        sys.executable,
+        "-m",
+        "gateway.pipeline.command",
+        f"--address={segment_address}",
+        *options,
+    ]
