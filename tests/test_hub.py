@@ -982,13 +982,14 @@ async def test_queue_holds_messages_until_a_consumer_comes() -> None:
     assert later.outcome is Outcome.DELIVERED
 
 
-async def test_queue_refuses_a_filter_and_positions() -> None:
+async def test_queue_takes_a_selector_per_consumer_and_refuses_positions() -> None:
     hub = queue_hub()
-    with pytest.raises(ValueError):
-        hub.subscribe("q", filter=Filter.equals(kind="a"))
+    picky = hub.subscribe("q", filter=Filter.equals(kind="a"))
+    assert (picky.group, picky.filter) == ("queue", Filter.equals(kind="a"))
+    assert "filter" not in group_stats(hub, "q"), "a selector is the consumer's, not the group's"
     with pytest.raises(ValueError):
         hub.subscribe("q", start="earliest")
-    assert group_stats(hub, "q")["members"] == 0
+    assert group_stats(hub, "q")["members"] == 1
 
 
 async def test_a_topic_in_the_catalog_stays_a_topic() -> None:

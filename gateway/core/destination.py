@@ -124,6 +124,10 @@ class GroupFigures:
     rejected: int = 0
     #: The group's filter as text, or None.
     filter: str | None = None
+    #: A queue's group: queued messages that no present consumer's selector
+    #: matches (0 while a consumer without a selector, or none at all, is
+    #: present); None for a group of a topic or log that is no queue.
+    unmatched: int | None = None
 
     @property
     def anonymous(self) -> bool:
@@ -199,6 +203,9 @@ class DestinationFigures:
     discarded: int | None = None
     #: Messages a topic stored for no group, since no group's filter matched.
     filtered: int = 0
+    #: A queue's messages that no present consumer's selector matches: they wait
+    #: for one that does (see :attr:`GroupFigures.unmatched`); None: no queue.
+    unmatched: int | None = None
     #: What a log retains (None: it keeps no log).
     log: LogFigures | None = None
 
@@ -347,7 +354,9 @@ class Destination(ABC):
         or queue takes only ``"latest"`` (what it does anyway) and raises
         ValueError for anything else. ``start`` applies to a new group; a named
         group that exists resumes where it stopped. ``filter`` belongs to the
-        group: members of one named group must agree on it.
+        group: members of one named group must agree on it. On a queue it is the
+        member's own *selector* instead: the member takes only the messages it
+        matches, and the others wait for a consumer that wants them.
         """
 
     @abstractmethod

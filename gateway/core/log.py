@@ -122,7 +122,8 @@ class LogGroup:
 
     ``cursor`` is the next offset never handed out; below it every offset is
     settled (acked, rejected, skipped by the filter, dropped), unacked at a
-    member, or waiting in ``redeliver``. ``committed`` is the first offset not
+    member, waiting in ``redeliver``, or (a queue's) waiting in ``passed``.
+    ``committed`` is the first offset not
     settled: ``settled`` holds the settled offsets above it. Eviction under
     ``drop_oldest`` moves both past the evicted entries, even ones a member
     still holds unacked: the group can never read them again.
@@ -136,8 +137,10 @@ class LogGroup:
         "filter",
         "members",
         "name",
+        "passed",
         "redeliver",
         "rejected",
+        "selective",
         "settled",
         "waiters",
         "watchers",
@@ -152,6 +155,13 @@ class LogGroup:
         self.settled: set[int] = set()
         #: Offsets given back (nack, close), a heap: handed out first, lowest first.
         self.redeliver: list[int] = []
+        #: A queue's offsets that a consumer with a selector read past without a
+        #: match, a heap: never delivered, not settled (so the committed position
+        #: stays below them, and a durable log reads them again after a restart);
+        #: every member looks at them first, with the redeliveries.
+        self.passed: list[int] = []
+        #: Members with a selector of their own (a queue's consumers only).
+        self.selective = 0
         self.members: list[LogSubscription] = []
         #: Members waiting for something to take.
         self.waiters = trio.lowlevel.ParkingLot()
@@ -480,11 +490,11 @@ class LogDestination(Destination):
         A delivery of one that a member holds unacked stays with it (it has the
         message) and may still be acked; given back, it counts as dropped.
         """
-        heap = g.redeliver
         dropped = 0
-        while heap and heap[0] < hi:
-            heapq.heappop(heap)
-            dropped += 1
+        for heap in (g.redeliver, g.passed):
+            while heap and heap[0] < hi:
+                heapq.heappop(heap)
+                dropped += 1
         start = max(g.cursor, lo)
         if start < hi:
             f = g.filter
@@ -592,7 +602,10 @@ class LogDestination(Destination):
         if credit is not None and credit < 0:
             raise ValueError("credit must not be negative")
         stop = self._end_offset(end)
+        selector = None
         if self.kind == "queue":
+            # On a queue the filter is the member's own selector, not the group's.
+            selector, filter = filter, None
             group = QUEUE_GROUP
         g = self._groups.get(group) if group is not None else None
         if g is not None:
@@ -606,8 +619,9 @@ class LogDestination(Destination):
             g = self._groups[name] = LogGroup(name, group is None, filter, offset)
             if group is not None:
                 self._changed()
-        sub = LogSubscription(self, g, credit, max_unacked, max_unacked_bytes, stop)
+        sub = LogSubscription(self, g, credit, max_unacked, max_unacked_bytes, stop, selector)
         g.members.append(sub)
+        g.selective += selector is not None
         return sub
 
     def declare_group(self, group: str) -> None:
@@ -621,6 +635,7 @@ class LogDestination(Destination):
         g = sub._group
         if sub in g.members:
             g.members.remove(sub)
+            g.selective -= sub._selector is not None
         if g.anonymous and not g.members and self._groups.get(g.name) is g:
             # A group of one goes with its member, releasing what it held.
             del self._groups[g.name]
@@ -635,6 +650,37 @@ class LogDestination(Destination):
                 member._closed = True
             g.wake()
 
+    def _unmatched(self, g: LogGroup) -> int | None:
+        """A queue's entries waiting for a consumer (held, or past the cursor) that no
+        present consumer's selector matches (0 while a consumer without one, or none
+        at all, is present); None for a log that is no queue.
+
+        Computed when asked (status, metrics): it reads every waiting entry.
+        """
+        if self.kind != "queue":
+            return None
+        if not g.members or g.selective < len(g.members):
+            return 0
+        selectors = [m._selector for m in g.members if m._selector is not None]
+
+        def unwanted(message: Message) -> bool:
+            return not any(f.matches(message.headers) for f in selectors)
+
+        count = 0
+        for offset in sorted(itertools.chain(g.redeliver, g.passed)):
+            messages, base, _ = self._entries(offset, offset + 1)
+            count += offset not in self._holes and unwanted(messages[offset - base])
+        lo, tail = g.cursor, self.tail
+        while lo < tail:
+            messages, base, covered = self._entries(lo, tail)
+            count += sum(
+                1
+                for o in range(lo, covered)
+                if o not in self._holes and unwanted(messages[o - base])
+            )
+            lo = covered
+        return count
+
     def stats(self) -> dict[str, object]:
         groups = {
             name: {
@@ -644,6 +690,7 @@ class LogDestination(Destination):
                 "members": len(g.members),
                 "dropped": g.dropped,
                 "rejected": g.rejected,
+                **({"unmatched": self._unmatched(g)} if self.kind == "queue" else {}),
             }
             for name, g in self._groups.items()
         }
@@ -666,13 +713,14 @@ class LogDestination(Destination):
             GroupFigures(
                 name,
                 members=len(g.members),
-                queued=max(0, tail - g.cursor),
+                queued=max(0, tail - g.cursor) + len(g.passed),
                 unacked=sum(m.unacked for m in g.members),
                 backlog=max(0, tail - g.committed),
                 committed=g.committed,
                 dropped=g.dropped,
                 rejected=g.rejected,
                 filter=str(g.filter) if g.filter is not None else None,
+                unmatched=self._unmatched(g),
             )
             for name, g in self._groups.items()
         )
@@ -699,6 +747,7 @@ class LogDestination(Destination):
                 blocked=self.blocked,
                 held_by_storage=self.held_by_storage,
             ),
+            unmatched=sum(g.unmatched or 0 for g in groups) if self.kind == "queue" else None,
         )
 
 
@@ -713,12 +762,15 @@ class LogSubscription(Subscription):
         max_unacked: int,
         max_unacked_bytes: int | None,
         end: int | None,
+        selector: Filter | None = None,
     ) -> None:
         self._log = log
         self._group = group
         self.destination = log.name
         self.group = None if group.anonymous else group.name
-        self.filter = group.filter
+        #: A queue consumer's own filter: it takes only the entries this matches.
+        self._selector = selector
+        self.filter = group.filter if selector is None else selector
         self._credit = credit
         self._max_unacked = max_unacked
         self._max_unacked_bytes = max_unacked_bytes
@@ -772,7 +824,11 @@ class LogSubscription(Subscription):
         if end is None:
             return False
         g = self._group
-        return g.cursor >= end and not (g.redeliver and g.redeliver[0] < end)
+        return (
+            g.cursor >= end
+            and not (g.redeliver and g.redeliver[0] < end)
+            and not (g.passed and g.passed[0] < end)
+        )
 
     async def receive(self, max_count: int | None = None) -> list[Delivery]:
         waiters = self._group.waiters
@@ -825,10 +881,14 @@ class LogSubscription(Subscription):
             limit -= shared
         out: list[Delivery] = []
         full = moved = False
-        if n > 0 and self._group.redeliver:
-            full, moved = self._take_returned(out, n, limit, shared)
-        if self._take_new(out, n, limit, shared, full):
-            moved = True
+        g = self._group
+        if self._selector is not None:
+            moved = self._take_selected(out, n, limit, shared, self._selector)
+        else:
+            if n > 0 and (g.redeliver or g.passed):
+                full, moved = self._take_returned(out, n, limit, shared)
+            if self._take_new(out, n, limit, shared, full):
+                moved = True
         if self._credit is not None:
             self._credit -= len(out)
         self._log.delivered += len(out)
@@ -841,10 +901,12 @@ class LogSubscription(Subscription):
     ) -> tuple[bool, bool]:
         """Redeliveries into ``out``, lowest offset first, up to ``n`` in all: whether the
         byte window is full, and whether the committed position moved (unreadable
-        ones are dropped for the group)."""
+        ones are dropped for the group). A queue's entries passed over by a selector
+        come in offset order with them, not flagged as redelivered: they never were
+        delivered."""
         log = self._log
         g = self._group
-        heap = g.redeliver
+        again, passed = g.redeliver, g.passed
         tags = self._tags
         tag_bytes = self._tag_bytes
         end = self._end
@@ -852,7 +914,8 @@ class LogSubscription(Subscription):
         held = self._unacked_bytes
         full = moved = False
         # Never below the first retained offset: eviction and _requeue see to it.
-        while heap and len(out) < n:
+        while (again or passed) and len(out) < n:
+            heap = again if again and not (passed and passed[0] < again[0]) else passed
             offset = heap[0]
             if end is not None and offset >= end:
                 break
@@ -877,8 +940,95 @@ class LogSubscription(Subscription):
             if tag_bytes is not None:
                 tag_bytes[tag] = size
             held += size
-            out.append(new_delivery((tag, message, True, Position(offset, log.partition), None)))
+            delivery = (tag, message, heap is again, Position(offset, log.partition), None)
+            out.append(new_delivery(delivery))
         self._unacked_bytes = held
+        return full, moved
+
+    def _take_selected(
+        self, out: list[Delivery], n: int, limit: int | None, shared: int, selector: Filter
+    ) -> bool:
+        """A queue consumer's take with a selector: the held entries (given back or passed
+        over) it matches, lowest first, then new ones from the group's cursor; new
+        entries it does not match go to the group's ``passed`` for the others.
+        Whether the committed position moved (unreadable entries are dropped)."""
+        full, moved = self._take_held(out, n, limit, shared, selector)
+        log = self._log
+        g = self._group
+        stop = log.tail if self._end is None else min(log.tail, self._end)
+        passed = g.passed
+        while not full and len(out) < n and g.cursor < stop:
+            lo = g.cursor
+            if lo >= log._recent_first:
+                messages, base, covered = log._recent, log._recent_base, stop
+            else:
+                messages, base, covered = log._read(lo, min(stop, log._recent_first))
+                covered = log._readable(lo, covered)
+                if covered == lo:
+                    moved |= self._drop_unreadable(lo, stop)
+                    continue
+            hi = lo
+            while hi < covered and not selector.matches(messages[hi - base].headers):
+                hi += 1
+            if hi > lo:
+                # Above every offset held already: appending keeps the heap a heap.
+                passed.extend(range(lo, hi))
+                g.cursor = hi
+                continue
+            hi = _matching_run(selector, messages, base, lo, covered, n - len(out))
+            if limit is not None:
+                hi, full = self._fit(lo, hi, limit, shared)
+                if hi == lo:
+                    continue
+            self._hand_out(out, messages, base, lo, hi)
+        return moved
+
+    def _take_held(
+        self, out: list[Delivery], n: int, limit: int | None, shared: int, selector: Filter
+    ) -> tuple[bool, bool]:
+        """The group's held entries (redeliveries and entries passed over) that
+        ``selector`` matches, lowest first, into ``out``: whether the byte window is
+        full, and whether the committed position moved. Scans every held entry below
+        the last one it takes: the cost of selectors."""
+        g = self._group
+        if n <= 0 or not (g.redeliver or g.passed):
+            return False, False
+        log = self._log
+        end = self._end
+        tags = self._tags
+        taken: set[int] = set()
+        full = moved = False
+        held = heapq.merge(
+            zip(sorted(g.redeliver), repeat(True)), zip(sorted(g.passed), repeat(False))
+        )
+        for offset, again in held:
+            if len(out) >= n or (end is not None and offset >= end):
+                break
+            messages, base, _ = log._entries(offset, offset + 1)
+            if offset in log._holes:
+                taken.add(offset)
+                g.dropped += 1
+                moved |= g.settle((offset,))
+                continue
+            message = messages[offset - base]
+            if not selector.matches(message.headers):
+                continue
+            size = log._size(offset)
+            if limit is not None and (tags or shared) and self._unacked_bytes + size > limit:
+                full = True
+                break
+            taken.add(offset)
+            tag = self._next_tag
+            self._next_tag = tag + 1
+            tags[tag] = offset
+            if self._tag_bytes is not None:
+                self._tag_bytes[tag] = size
+            self._unacked_bytes += size
+            out.append(new_delivery((tag, message, again, Position(offset, log.partition), None)))
+        if taken:
+            for heap in (g.redeliver, g.passed):
+                heap[:] = [o for o in heap if o not in taken]
+                heapq.heapify(heap)
         return full, moved
 
     def _take_new(

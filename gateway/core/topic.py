@@ -9,7 +9,13 @@ by a subscriber) outlive their members and keep collecting.
 
 A *queue* is a topic with exactly one group, which exists from the start and
 which every subscriber joins whatever group it names: each message goes to
-exactly one consumer, and messages wait for consumers to come.
+exactly one consumer, and messages wait for consumers to come. A consumer of a
+queue may carry its own filter, a *selector* (as JMS selectors do): it takes
+only the queued copies its selector matches, from anywhere in the queue and in
+publish order, and leaves the others where they are; a copy no present
+consumer matches stays queued (counted as ``unmatched``) until one comes. A
+consumer without a selector takes from the head, as before: while no member of
+the queue has a selector, a take costs nothing more than it did.
 
 A group may carry a filter over headers, applied where a message is stored: a
 message that does not match costs that group no copy, no receipt leg, no
@@ -231,6 +237,7 @@ class _Group:
         "members",
         "name",
         "queue",
+        "selective",
         "used_bytes",
         "used_count",
         "waiters",
@@ -253,6 +260,8 @@ class _Group:
         self.used_bytes = 0
         self.used_count = 0
         self.members: list[TopicSubscription] = []
+        #: Members with a selector of their own (a queue's consumers only).
+        self.selective = 0
         #: Members waiting for a copy to arrive, and tasks watching the group.
         self.waiters = _Waiters()
 
@@ -555,12 +564,10 @@ class Topic(Destination):
                 f"destination {self.name!r} is a {self.kind}: it keeps no log, so a "
                 "subscription cannot start or end at a position (configure 'retain' for one)"
             )
+        selector = None
         if self.kind == "queue":
-            if filter is not None:
-                raise ValueError(
-                    f"destination {self.name!r} is a queue: its one group takes every message, "
-                    "so it cannot filter"
-                )
+            # On a queue the filter is the member's own selector, not the group's.
+            selector, filter = filter, None
             group = QUEUE_GROUP
         elif group is not None:
             existing = self._groups.get(group)
@@ -572,8 +579,9 @@ class Topic(Destination):
         anonymous = group is None
         name = anonymous_group() if group is None else group
         g = self._group(name, anonymous, filter)
-        sub = TopicSubscription(self, g, credit, max_unacked, max_unacked_bytes)
+        sub = TopicSubscription(self, g, credit, max_unacked, max_unacked_bytes, selector)
         g.members.append(sub)
+        g.selective += selector is not None
         return sub
 
     def _freed(self, group: _Group, count: int, nbytes: int) -> None:
@@ -591,6 +599,7 @@ class Topic(Destination):
     def _leave(self, sub: TopicSubscription) -> None:
         g = sub._group
         g.members.remove(sub)
+        g.selective -= sub._selector is not None
         if g.members or not g.anonymous:
             if g.waiters:
                 g.waiters.unpark_all()
@@ -632,6 +641,25 @@ class Topic(Destination):
                 m._closed = True
             g.waiters.unpark_all()
 
+    def _unmatched(self, g: _Group) -> int | None:
+        """A queue's queued copies that no present consumer's selector matches (0 while
+        a consumer without one, or none at all, is present); None for a topic.
+
+        Computed when asked (status, metrics), by one scan of the queue.
+        """
+        if self.kind != "queue":
+            return None
+        if not g.members or g.selective < len(g.members):
+            return 0
+        selectors = [m._selector for m in g.members if m._selector is not None]
+        count = 0
+        for piece in g.queue:
+            messages = piece.run.messages
+            for i in range(piece.start, piece.end):
+                headers = messages[i].headers
+                count += not any(f.matches(headers) for f in selectors)
+        return count
+
     def stats(self) -> dict[str, object]:
         groups = {
             name: {
@@ -640,6 +668,7 @@ class Topic(Destination):
                 "held": g.used_count,
                 "members": len(g.members),
                 **({"filter": str(g.filter)} if g.filter is not None else {}),
+                **({"unmatched": self._unmatched(g)} if self.kind == "queue" else {}),
             }
             for name, g in self._groups.items()
         }
@@ -673,6 +702,7 @@ class Topic(Destination):
                 backlog_bytes=g.used_bytes,
                 fill=fill(g.used_count, g.used_bytes),
                 filter=str(g.filter) if g.filter is not None else None,
+                unmatched=self._unmatched(g),
             )
             for name, g in self._groups.items()
         )
@@ -693,6 +723,7 @@ class Topic(Destination):
             limit_messages=max_messages,
             discarded=self.discarded,
             filtered=self.filtered,
+            unmatched=sum(g.unmatched or 0 for g in groups) if self.kind == "queue" else None,
         )
 
 
@@ -701,7 +732,7 @@ def _show(f: Filter | None) -> str:
 
 
 class TopicSubscription(Subscription):
-    """A member of a topic group."""
+    """A member of a topic group (or a consumer of a queue, with its own ``selector``)."""
 
     def __init__(
         self,
@@ -710,12 +741,15 @@ class TopicSubscription(Subscription):
         credit: int | None,
         max_unacked: int,
         max_unacked_bytes: int | None,
+        selector: Filter | None = None,
     ) -> None:
         self._topic = topic
         self._group = group
         self.destination = topic.name
         self.group = None if group.anonymous else group.name
-        self.filter = group.filter
+        #: A queue consumer's own filter: it takes only the copies this matches.
+        self._selector = selector
+        self.filter = group.filter if selector is None else selector
         self._credit = credit
         self._max_unacked = max_unacked
         self._max_unacked_bytes = max_unacked_bytes
@@ -781,6 +815,8 @@ class TopicSubscription(Subscription):
 
     def _take(self, n: int) -> list[Delivery]:
         """Up to ``n`` copies from the head of the group's queue, within the byte window."""
+        if self._selector is not None:
+            return self._take_selected(n, self._selector)
         queue = self._group.queue
         out: list[Delivery] = []
         taken = 0
@@ -823,6 +859,80 @@ class TopicSubscription(Subscription):
             self._credit -= taken
         self._topic.delivered += taken
         return out
+
+    def _take_selected(self, n: int, selector: Filter) -> list[Delivery]:
+        """Up to ``n`` copies ``selector`` matches, first ones first, from anywhere in the
+        queue and within the byte window; the copies passed over stay where they were.
+
+        Scans the queue from its head until it took ``n`` (or the window is full):
+        the cost of a selector is a scan of the copies it does not match.
+        """
+        g = self._group
+        queue = g.queue
+        out: list[Delivery] = []
+        kept: list[_Slice] = []
+        taken = freed = freed_bytes = 0
+        full = False
+        while queue and taken < n and not full:
+            piece = queue.popleft()
+            run = piece.run
+            if run.reply_by is not None and run.receipt.done():
+                run.settle(piece.start, piece.end, None)
+                freed += piece.end - piece.start
+                freed_bytes += piece.nbytes()
+                continue
+            messages = run.messages
+            i = piece.start
+            while i < piece.end and taken < n:
+                if not selector.matches(messages[i].headers):
+                    i += 1
+                    continue
+                j = i + 1
+                while j < piece.end and j - i < n - taken and selector.matches(messages[j].headers):
+                    j += 1
+                hi, nbytes = self._fit(run, i, j)
+                if hi == i:
+                    full = True
+                    break
+                if i > piece.start:
+                    kept.append(_Slice(run, piece.start, i, piece.redelivered))
+                self._lease(out, run, i, hi, nbytes, piece.redelivered)
+                taken += hi - i
+                piece.start = i = hi
+                if hi < j:
+                    full = True
+                    break
+            if piece.start < piece.end:
+                kept.append(piece)
+        queue.extendleft(reversed(kept))
+        if freed:
+            self._topic._freed(g, freed, freed_bytes)
+        if self._credit is not None:
+            self._credit -= taken
+        self._topic.delivered += taken
+        return out
+
+    def _lease(
+        self, out: list[Delivery], run: _Run, lo: int, hi: int, nbytes: int, redelivered: bool
+    ) -> None:
+        """Deliver copies ``lo`` to ``hi`` of ``run`` (``nbytes``) into ``out``, as one lease."""
+        tag0 = self._next_tag
+        k = hi - lo
+        self._next_tag = tag0 + k
+        self._leases.append(_Lease(run, lo, hi, tag0, redelivered))
+        self._lease_tags.append(tag0)
+        self._unacked += k
+        self._unacked_bytes += nbytes
+        out += map(
+            new_delivery,
+            zip(
+                range(tag0, tag0 + k),
+                run.messages[lo:hi],
+                repeat(redelivered),
+                repeat(None),
+                repeat(run.reply_by),
+            ),
+        )
 
     def _fit(self, run: _Run, lo: int, hi: int) -> tuple[int, int]:
         """How far from ``lo`` (up to ``hi``) the copies of ``run`` fit the byte window,
