@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from gateway.sdk import SerialSpace
+
+if TYPE_CHECKING:
+    from .handshake import Agreement, Handshake
 
 __all__ = [
     "FLAG_NAMES",
@@ -25,12 +28,19 @@ __all__ = [
     "RESERVED_BITS",
     "SEQUENCE",
     "TYPE_BITS",
+    "Ack",
+    "Answered",
     "Command",
+    "Duplicate",
     "Error",
+    "Established",
     "Extension",
     "Flags",
     "Frame",
     "Message",
+    "Messages",
+    "Offered",
+    "TypeName",
 ]
 
 
@@ -105,3 +115,67 @@ class Error:
 
 #: Any frame.
 Frame = Message | Command | Extension | Error
+
+
+# -- what the codecs return beyond frames --------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Offered:
+    """Server: the client's first handshake message arrived; ``answer`` is the codec's
+    answer to it, which the driver sends (``codec.send(event.answer)``)."""
+
+    offer: Handshake
+    answer: Handshake
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """Client: the server answered; ``final`` is the codec's final message, which the
+    driver sends (``codec.send(event.final)``)."""
+
+    answer: Handshake
+    final: Handshake
+
+
+@dataclass(frozen=True, slots=True)
+class Established:
+    """The handshake is complete: frames flow, with these extensions."""
+
+    agreement: Agreement
+
+
+@dataclass(frozen=True, slots=True)
+class Messages:
+    """New MESSAGE frames, in sequence order: all the codec had whole at once (one read's
+    worth), so a receiver hands them off as one batch and acks the last once safe."""
+
+    frames: tuple[Message, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """A MESSAGE the codec had already returned came again (the peer resent it): it is
+    dropped. ``acked``: we had acked it, so the driver acks ``ack`` again at once (our ack
+    was lost or late); otherwise its ack is still to come."""
+
+    seq: int
+    acked: bool
+    ack: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """An ack extension frame: every MESSAGE up to ``seq`` (in send order) was handed off.
+
+    Received: ``settled`` is how many of our outstanding MESSAGE frames it settled
+    (0: it acknowledged none outstanding, and was ignored). Sent: ``settled`` is unused."""
+
+    seq: int
+    settled: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TypeName:
+    """A ``dotnet`` extension frame: the type of the MESSAGE payloads that follow (sent
+    only when it changes)."""
+
+    name: str

@@ -79,12 +79,15 @@ class ExtensionSpec:
 
     @classmethod
     def decode(cls, text: str) -> ExtensionSpec:
-        """Parse ``name[:k=v,...]``, splitting at the first ``:``, then ``,``, then ``=``."""
+        """Parse ``name[:k=v,...]``, splitting at the first ``:``, then ``,``, then ``=``
+        (a pair without ``=`` may use ``:``, as the draft's ``max-count:100`` does)."""
         name, colon, rest = text.partition(":")
         _check_token(name, "extension name", RemoteProtocolError)
         props: list[tuple[str, str]] = []
         for pair in rest.split(",") if colon else ():
             key, eq, value = pair.partition("=")
+            if not eq:  # the draft's own example writes one as "max-count:100"
+                key, eq, value = pair.partition(":")
             if not eq:
                 raise RemoteProtocolError(f"extension {name!r}: property {pair!r} has no '='")
             _check_token(key, "property name", RemoteProtocolError)

@@ -1,0 +1,228 @@
+"""What both Micromessage2 drivers share: a :class:`~gateway.sdk.Session` on either codec.
+
+Both roles receive MESSAGE frames and hand them to the hub, and both send
+MESSAGE frames within the ack window, so the rules live here once:
+
+* **receiving** (:meth:`PeerSession.hand_off`): the MESSAGE frames of one
+  read (one :class:`~.events.Messages` event) are published as one batch;
+  once its receipt settles, one cumulative ack (the batch's last sequence
+  number) answers them all, in order with the batches before. A failed
+  batch is not acked: the codec forgets it (``rewind``), so the peer's
+  resends after the expiry are published again and no later ack covers it
+  meanwhile. A rejected message gets an ERROR frame naming its sequence
+  number and the reason, then the connection closes;
+* **duplicates**: a resend of a batch already acked is acked again at once
+  and dropped; one whose ack is still coming is dropped;
+* **sending** (:meth:`PeerSession.send_message`): a MESSAGE takes a place
+  in the window (it waits for room); a ``dotnet`` type frame goes first
+  when the type changes; frames not acked within the expiry are sent again
+  (same bytes) by one task;
+* **the peer's acks** settle our outstanding frames; an ack for nothing
+  outstanding is ignored and logged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import trio
+
+from gateway.sdk import (
+    Message,
+    NotKept,
+    Outcome,
+    Receipt,
+    RemoteProtocolError,
+    Session,
+    Source,
+)
+
+from .codec import ClientCodec, ServerCodec
+from .events import Ack, Duplicate, Error, Extension, Messages, TypeName
+from .events import Message as Frame
+from .properties import format_properties, parse_properties
+
+__all__ = ["JSON", "TYPE_HEADER", "PeerError", "PeerSession"]
+
+#: The header that carries a ``dotnet`` type name (what the type frames say).
+TYPE_HEADER = "dotnet-type"
+#: The content type of payloads on a connection that negotiated ``json``.
+JSON = "application/json"
+
+
+class PeerError(RemoteProtocolError):
+    """The peer sent an ERROR frame: it is closing; we send none back."""
+
+
+class Rejected(NotKept):
+    """A message we received was rejected by the hub: the ERROR frame went out; close."""
+
+
+class PeerSession(Session):
+    """A Micromessage2 connection in either role (see the module docstring)."""
+
+    codec: ServerCodec | ClientCodec
+
+    def __init__(self, *args: Any, untyped_as_text: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.untyped_as_text = untyped_as_text
+        #: The type the peer's ``dotnet`` frames named last, and the one we sent last.
+        self.type_in: str | None = None
+        self.type_out: str | None = None
+        #: EXTENSION frames of extensions not negotiated, skipped by their length.
+        self.skipped = 0
+        #: Senders waiting for their turn (room in the window, their sequence number).
+        self._turn = trio.lowlevel.ParkingLot()
+
+    # -- what a role says --------------------------------------------------------------------
+    def destination_of(self, frame: Frame) -> str:
+        """The local destination of a received MESSAGE."""
+        raise NotImplementedError
+
+    def source(self) -> Source:
+        raise NotImplementedError
+
+    def peer_acked(self, seq: int, settled: int) -> None:
+        """The peer acked our MESSAGE frames up to ``seq`` (``settled`` of them)."""
+
+    # -- events both roles handle ----------------------------------------------------------
+    async def handle_common(self, event: Any) -> bool:
+        """Handle ``event`` if both roles treat it alike; whether it was one of those."""
+        if type(event) is Messages:
+            await self.hand_off(event.frames)
+        elif isinstance(event, Ack):
+            if not event.settled:
+                self.log.info("ack for MESSAGE %d, which is not outstanding: ignored", event.seq)
+            else:
+                self._wake()
+                self.peer_acked(event.seq, event.settled)
+        elif isinstance(event, Duplicate):
+            self.write(self.codec.send(Ack(event.ack)))
+        elif isinstance(event, TypeName):
+            self.type_in = event.name
+        elif isinstance(event, Extension):
+            self.skipped += 1
+        elif isinstance(event, Error):
+            raise PeerError(f"the peer sent an ERROR frame: {event.message}")
+        else:
+            return False
+        return True
+
+    def error_reply(self, error: RemoteProtocolError) -> bytes | None:
+        if isinstance(error, PeerError):
+            return None
+        return self.codec.send(Error(str(error)))
+
+    def windowed(self) -> None:
+        """The handshake is done: start resending if an ack window was negotiated."""
+        if self.codec.send_window is not None:
+            self.nursery.start_soon(self._resend)
+
+    # -- receiving ---------------------------------------------------------------------------
+    def to_message(self, frame: Frame) -> Message:
+        """The hub message a received MESSAGE frame stands for."""
+        headers: dict[str, str] | None = None
+        if frame.properties:
+            headers = parse_properties(frame.properties, untyped_as_text=self.untyped_as_text)
+        if self.type_in is not None:
+            headers = {**(headers or {}), TYPE_HEADER: self.type_in}
+        return Message(
+            self.destination_of(frame),
+            frame.payload,
+            headers or {},
+            JSON if self.codec.has("json") else None,
+            self.source(),
+        )
+
+    async def hand_off(self, frames: tuple[Frame, ...]) -> None:
+        """Publish one batch; ack it once safe (see the module docstring)."""
+        messages = [self.to_message(f) for f in frames]
+        if self.shutdown is not None and self.shutdown.is_set():
+            self.codec.rewind(frames[0].seq)  # not taken: resent on the next connection
+            return
+        publish = self.publish
+        await self.submit(lambda: publish(messages), lambda r: self._answer(r, frames))
+
+    def publish(self, messages: list[Message]) -> Any:
+        """The hub's publish (an awaitable of a receipt)."""
+        raise NotImplementedError
+
+    def _answer(self, receipt: Receipt, frames: tuple[Frame, ...]) -> bytes:
+        codec = self.codec
+        first, last = frames[0].seq, frames[-1].seq
+        if receipt.outcome is Outcome.DELIVERED:
+            return codec.send(Ack(last)) if codec.receive_window is not None else b""
+        if receipt.outcome is Outcome.REJECTED:
+            index, reason = _rejected(receipt)
+            text = f"MESSAGE {frames[index].seq} rejected: {reason}"
+            self.write(codec.send(Error(text)))
+            raise Rejected(text)
+        codec.rewind(first)
+        self.log.warning(
+            "MESSAGE %d..%d not kept (%s): not acked, the peer resends them",
+            first,
+            last,
+            receipt.reason or "failed",
+        )
+        return b""
+
+    # -- sending -----------------------------------------------------------------------------
+    async def send_message(
+        self, seq: int | None, destination: str, body: bytes, headers: Mapping[str, str] | None
+    ) -> int:
+        """Send one MESSAGE numbered ``seq`` (a subscriber's tag; None: the codec's next)
+        once it is its turn and there is room; returns its sequence number.
+
+        The frames go out in sequence order whatever order tasks wake in (cumulative
+        acks need it): a numbered one waits until it is the codec's next.
+        """
+        await self._turn_for(seq)
+        codec = self.codec
+        out = b""
+        kind = headers.get(TYPE_HEADER) if headers else None
+        if kind is not None and kind != self.type_out and codec.has("dotnet"):
+            self.type_out = kind
+            out = codec.send(TypeName(kind))
+        props = format_properties(headers) if headers else ""
+        n = codec.next_seq if seq is None else seq
+        self.write(out + codec.send(Frame(n, destination, props, body)))
+        self._wake()
+        return n
+
+    async def _turn_for(self, seq: int | None) -> None:
+        """Wait until the window has room, ``seq`` (if given) is the next to send, and
+        the output is under its high water; no await may follow before the write."""
+        codec = self.codec
+        while True:
+            if codec.window_room == 0 or (seq is not None and codec.next_seq != seq):
+                await self._turn.park()
+            elif not self.has_room:
+                await self.wait_for_room()
+            else:
+                return
+
+    def _wake(self) -> None:
+        if self._turn:
+            self._turn.unpark_all()
+
+    async def _resend(self) -> None:
+        """Send again what the peer did not ack within the expiry."""
+        codec = self.codec
+        while True:
+            due = codec.next_due
+            if due is None:
+                await self._turn.park()  # woken by each send
+                continue
+            await trio.sleep_until(due)
+            wire = codec.due()
+            if wire:
+                self.write(wire)
+
+
+def _rejected(receipt: Receipt) -> tuple[int, str]:
+    """The index and reason of the first rejected message of a publish."""
+    for i, result in enumerate(receipt.results()):
+        if result.outcome is Outcome.REJECTED:
+            return i, result.reason or "rejected"
+    return 0, receipt.reason or "rejected"
