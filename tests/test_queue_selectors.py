@@ -12,7 +12,8 @@ End to end: an ndjson ``sub`` with a filter, and a ttrpc ``Consume`` with one.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ import pytest
 import trio
 import trio.testing
 from harness import host_port, receive_now, running_gateway, settle, start
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from interchange_ndjson.client import NdjsonClient
 from interchange_ndjson.events import Deliver
 from waits import subscribed
@@ -416,3 +419,145 @@ async def test_a_ttrpc_consume_with_a_filter_on_a_queue(
         (b,) = await receive_now(consumer)
         consumer.ack(b.tag)
         assert (await held.wait()).outcome == pb.OUTCOME_DELIVERED
+
+
+# -- a random walk ------------------------------------------------------------------------------
+
+_SELECTORS = {"a": A, "b": B, "c": C, None: None}
+_op = st.one_of(
+    st.tuples(st.just("pub"), st.sampled_from("abc")),
+    st.tuples(st.just("sub"), st.sampled_from(["a", "b", "c", None]), st.integers(1, 3)),
+    st.tuples(st.just("take"), st.integers(0, 5), st.integers(1, 4)),
+    st.tuples(st.just("ack"), st.integers(0, 5)),
+    st.tuples(st.just("nack"), st.integers(0, 5)),
+    st.tuples(st.just("close"), st.integers(0, 5)),
+)
+
+
+class _Walk:
+    """A queue driven by random operations, checked against what it must do."""
+
+    def __init__(self, queue: Destination) -> None:
+        self.queue = queue
+        self.published: list[Message] = []
+        self.members: list[tuple[Subscription, str | None, list[Delivery]]] = []
+        self.delivered: set[bytes] = set()
+        self.outstanding: set[bytes] = set()
+        self.acked: set[bytes] = set()
+
+    async def apply(self, op: tuple[Any, ...]) -> None:
+        kind = op[0]
+        if kind == "pub":
+            message = job(op[1], len(self.published))
+            self.published.append(message)
+            await publish(self.queue, [message])
+        elif kind == "sub":
+            sub = self.queue.subscribe(filter=_SELECTORS[op[1]], max_unacked=op[2])
+            self.members.append((sub, op[1], []))
+        elif self.members:
+            sub, selector, held = self.members[op[1] % len(self.members)]
+            if kind == "take":
+                self.took(selector, held, sub.take(op[2]))
+            elif kind == "close":
+                sub.close()
+                self.outstanding.difference_update(d.message.body for d in held)
+                self.members.remove((sub, selector, held))
+            elif held:
+                d = held.pop(0)
+                self.outstanding.discard(d.message.body)
+                if kind == "ack":
+                    sub.ack(d.tag)
+                    assert d.message.body not in self.acked, "acked twice"
+                    self.acked.add(d.message.body)
+                else:
+                    sub.nack(d.tag)
+        self.check_unmatched()
+
+    def took(self, selector: str | None, held: list[Delivery], got: list[Delivery]) -> None:
+        for d in got:
+            body = d.message.body
+            assert selector in (None, d.message.headers["k"]), "the selector does not match"
+            assert body not in self.outstanding, "delivered to two consumers at once"
+            assert body not in self.acked, "delivered again after it was acked"
+            assert d.redelivered == (body in self.delivered), "redelivered is not honest"
+            self.delivered.add(body)
+            self.outstanding.add(body)
+        held += got
+
+    def check_unmatched(self) -> None:
+        selectors = [s for _, s, _ in self.members]
+        waiting = [
+            m for m in self.published if m.body not in self.acked and m.body not in self.outstanding
+        ]
+        expected = 0
+        if selectors and None not in selectors:
+            expected = sum(m.headers["k"] not in selectors for m in waiting)
+        assert unmatched(self.queue) == expected
+
+    def drain(self) -> None:
+        """Ack what every consumer holds, then let a consumer without a selector take
+        the rest: every message was acked exactly once."""
+        for sub, _, held in self.members:
+            for d in held:
+                self.outstanding.discard(d.message.body)
+                assert d.message.body not in self.acked, "acked twice"
+                self.acked.add(d.message.body)
+            sub.ack_many([d.tag for d in held])
+            held.clear()
+        anyone = self.queue.subscribe()
+        while got := anyone.take():
+            self.took(None, [], got)
+            for d in got:
+                self.outstanding.discard(d.message.body)
+                assert d.message.body not in self.acked, "acked twice"
+                self.acked.add(d.message.body)
+            anyone.ack_many([d.tag for d in got])
+        assert self.acked == {m.body for m in self.published}, "a message was lost"
+        assert unmatched(self.queue) == 0
+
+
+@contextlib.contextmanager
+def _walk_queue(kind: str) -> Iterator[Destination]:
+    """A fresh queue of ``kind`` for one example (a durable one in a temporary store)."""
+    if kind == "topic":
+        yield Topic("q", kind="queue")
+        return
+    if kind == "memory-log":
+        yield MemoryLog("q", kind="queue", retain_bytes=BIG)
+        return
+    with tempfile.TemporaryDirectory() as directory:
+        # Not Store.open: the walk is a sync test that runs trio itself (as in
+        # tests/test_memlog.py); under fsync="never" nothing here needs the committer.
+        store = Store(Path(directory), fsync="never")
+        store._recover()
+        segment = store.segment("q")
+        assert segment is not None
+        queue = DurableLog("q", segment, store, kind="queue", retain_bytes=BIG)
+        try:
+            yield queue
+        finally:
+            queue.close()
+            for chunk in segment.chunks:
+                chunk.close()
+
+
+@pytest.mark.parametrize("kind", ["topic", "memory-log", "durable-log"])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(_op, max_size=40))
+def test_random_operations_deliver_each_message_once_to_a_matching_consumer(
+    kind: str, ops: list[tuple[Any, ...]]
+) -> None:
+    """Any interleaving of publish/subscribe/take/ack/nack/close: a delivery matches its
+    consumer's selector, no message is held by two consumers or delivered after its
+    ack, ``redelivered`` is set exactly for messages delivered before, ``unmatched``
+    counts the waiting messages no present selector matches, and in the end every
+    message was acked once."""
+
+    async def main() -> None:
+        with _walk_queue(kind) as queue:
+            walk = _Walk(queue)
+            for op in ops:
+                await walk.apply(op)
+            walk.drain()
+
+    trio.run(main)
