@@ -37,6 +37,7 @@ from gateway.core.model import Message, Source
 from gateway.core.receipts import Receipt
 from gateway.core.topic import Topic, TopicLimits
 from gateway.durable.log import DurableLog
+from gateway.ops.status import snapshot
 from gateway.runtime.catalog import Catalog, DestinationSpec
 from gateway.store import Store
 from protocols.ttrpc import messaging_pb2 as pb
@@ -316,6 +317,7 @@ def ndjson_config() -> dict[str, Any]:
             {"name": "nd", "protocol": "ndjson", "bind": "127.0.0.1:0", "destination": "jobs"}
         ],
         "destinations": [{"name": "jobs", "kind": "queue"}],
+        "metrics": {"bind": "127.0.0.1:0"},
     }
 
 
@@ -342,6 +344,14 @@ async def test_an_ndjson_sub_with_a_filter_on_a_queue() -> None:
             with trio.fail_after(5):
                 while gw.hub.destination("jobs").figures().unmatched != 2:
                     await trio.sleep(0.01)
+            # The status page, its hints and the metrics say why the two b's wait.
+            (jobs,) = snapshot(gw)["destinations"]
+            assert (jobs["unmatched"], jobs["groups"][0]["unmatched"]) == (2, 2)
+            texts = [h["text"] for h in snapshot(gw)["hints"]]
+            assert any("2 messages wait for a consumer whose selector matches" in t for t in texts)
+            assert not any("no credit" in t for t in texts), texts
+            gauge = "interchange_queue_unmatched_messages"
+            assert gw.metrics.value(gauge, {"destination": "jobs"}) == 2
             async with await connect(host, port) as b:
                 await b.subscribe("jobs", filter=Filter.from_json({"k": "b"}))
                 got = [await next_deliver(b), await next_deliver(b)]

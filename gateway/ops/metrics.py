@@ -589,6 +589,11 @@ class _DestinationFamilies:
             "Deliveries the group's subscribers hold unacked.",
             labels=gl,
         )
+        self.unmatched = GaugeMetricFamily(
+            "interchange_queue_unmatched_messages",
+            "Messages waiting in a queue that no present consumer's selector matches.",
+            labels=dl,
+        )
 
     def add(self, name: str, figures: DestinationFigures, groups: Iterable[_Row]) -> None:
         """One destination: its counts, its own store (group ``""``), then ``groups``."""
@@ -597,6 +602,8 @@ class _DestinationFamilies:
         self.acked.add_metric([name], figures.acked)
         if figures.discarded is not None:
             self.discarded.add_metric([name], figures.discarded)
+        if figures.unmatched is not None:
+            self.unmatched.add_metric([name], figures.unmatched)
         own: _Row = ("", figures.kept, figures.kept_bytes, figures.kept_fill, None, 0)
         for group, held, nbytes, ratio, members, held_unacked in (own, *groups):
             labels = [name, group]
@@ -620,4 +627,5 @@ class _DestinationFamilies:
             self.fill,
             self.subscribers,
             self.unacked,
+            self.unmatched,
         )

@@ -274,6 +274,9 @@ def _destination(d: DestinationView) -> dict[str, Any]:
     else:
         out["groups"] = [_log_group(g) for g in f.groups]
         out["log"] = _log(f.log, f.full)
+    if f.unmatched is not None:
+        # A queue: messages no present consumer's selector matches.
+        out["unmatched"] = f.unmatched
     out.update(received=f.received, delivered=f.delivered, acked=f.acked)
     return out
 
@@ -290,6 +293,7 @@ def _buffered_group(g: GroupFigures) -> dict[str, Any]:
         "members": g.members,
         "full": g.full,
         **({"filter": g.filter} if g.filter is not None else {}),
+        **({"unmatched": g.unmatched} if g.unmatched is not None else {}),
     }
 
 
@@ -304,6 +308,7 @@ def _log_group(g: GroupFigures) -> dict[str, Any]:
         "committed": g.committed,
         "members": g.members,
         "dropped": g.dropped,
+        **({"unmatched": g.unmatched} if g.unmatched is not None else {}),
     }
 
 
@@ -338,6 +343,7 @@ def hints(status: dict[str, Any]) -> list[dict[str, str]]:
         if d["name"] in upstreams:
             continue  # said with the upstream
         out += _log_hints(d) if d["kind"] == "log" else _destination_hints(d)
+        out += _unmatched_hints(d)
     if status["inflight"] and not out:
         out.append(
             _hint(
@@ -478,9 +484,26 @@ def _destination_hints(d: dict[str, Any]) -> list[dict[str, str]]:
     return out
 
 
+def _unmatched_hints(d: dict[str, Any]) -> list[dict[str, str]]:
+    """A queue's messages that wait because no present consumer's selector matches them."""
+    n = d.get("unmatched")
+    if not n:
+        return []
+    return [
+        _hint(
+            "info",
+            f"destination {d['name']}",
+            f"{_count(n, 'message waits', 'messages wait')} for a consumer whose selector"
+            " matches: no present consumer's selector does (their senders are not acked yet)",
+        )
+    ]
+
+
 def _group_hints(subject: str, g: dict[str, Any]) -> list[dict[str, str]]:
     """Why a group's messages wait: no subscriber, no acks yet, no credit; or it is full."""
     out = []
+    # Queued messages no selector matches wait for a consumer, not for credit.
+    queued = g["queued"] - g.get("unmatched", 0)
     if g["held"] and not g["members"]:
         out.append(
             _hint(
@@ -490,7 +513,7 @@ def _group_hints(subject: str, g: dict[str, Any]) -> list[dict[str, str]]:
                 " which has no subscriber: their senders are acked only once a consumer acks them",
             )
         )
-    elif g["unacked"] and not g["queued"]:
+    elif g["unacked"] and not queued:
         out.append(
             _hint(
                 "info",
@@ -499,12 +522,12 @@ def _group_hints(subject: str, g: dict[str, Any]) -> list[dict[str, str]]:
                 f" {g['name']} and not acked yet: their senders wait for the consumers' acks",
             )
         )
-    elif g["queued"] and g["members"]:
+    elif queued and g["members"]:
         out.append(
             _hint(
                 "info",
                 subject,
-                f"{_count(g['queued'], 'message', 'messages')} queued in group {g['name']}: its"
+                f"{_count(queued, 'message', 'messages')} queued in group {g['name']}: its"
                 f" {_count(g['members'], 'subscriber has', 'subscribers have')} no credit"
                 " or window left",
             )

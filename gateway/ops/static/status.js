@@ -188,7 +188,8 @@ function render(s) {
     ], { "data-name": d.name, class: "destination" }));
     for (const g of d.groups) {
       drows.push(row([
-        g.anonymous ? "(anonymous)" : g.name, g.full ? "full" : "", el("td", ""), el("td", ""),
+        g.anonymous ? "(anonymous)" : g.name,
+        g.full ? "full" : g.unmatched ? g.unmatched + " unmatched" : "", el("td", ""), el("td", ""),
         numCell(g.held !== undefined ? g.held : g.behind), el("td", bytes(g.held_bytes), "num"),
         el("td", ""), numCell(g.members, g.members ? "" : "warn"),
         numCell(g.queued), numCell(g.unacked), el("td", ""),
