@@ -49,7 +49,6 @@ from gateway.sdk import (
     CodecState,
     Lifecycle,
     LocalProtocolError,
-    NeedData,
     RemoteProtocolError,
 )
 
@@ -80,6 +79,8 @@ __all__ = ["ClientCodec", "Limits", "Phase", "ServerCodec", "Settings"]
 
 _U16: Final = struct.Struct(">H")
 _OPEN: Final = CodecState.OPEN
+#: MESSAGE frames parsed in one pass of the fast path.
+MAX_BATCH: Final = 1024
 
 
 class Phase(enum.Enum):
@@ -216,41 +217,43 @@ class _Codec(Lifecycle):
         decoder = self._decoder
         assert decoder is not None
         batch: list[Message] = []
+        queued = self._queued
         while True:
+            fast = decoder.next_messages(MAX_BATCH)
+            if fast:
+                self._take_new(fast, batch)
+                continue
             frame = decoder.next_frame()
             if frame is None:
                 break
             if type(frame) is Message:
-                event = self._on_message(frame)
-                if event is None:
-                    batch.append(frame)
-                    continue
-                if event is NEED_DATA:  # a resend whose ack is still coming: dropped
-                    continue
-            else:
-                event = self._on_frame(frame)
-            if batch:
-                self._queued.append(event)
-                return Messages(tuple(batch))
-            return event
+                self._take_new([frame], batch)
+                continue
+            queued.append(self._on_frame(frame))
+            break
         if batch:
             return Messages(tuple(batch))
+        if queued:
+            return queued.popleft()
         if self._buffer.eof:
             decoder.check_eof()
             return self._closed()
         return NEED_DATA
 
-    def _on_message(self, frame: Message) -> Duplicate | NeedData | None:
-        """None: a new MESSAGE; else what a resent one becomes."""
+    def _take_new(self, frames: list[Message], batch: list[Message]) -> None:
+        """Add the new ones of ``frames`` to ``batch``; resends whose ack is coming are
+        dropped; one we acked stops there (queued as a Duplicate after the batch)."""
         window = self.receive_window
         if window is None:
-            return None
-        seen = window.receive(frame.seq)
-        if seen is Received.NEW:
-            return None
-        if seen is Received.PENDING:
-            return NEED_DATA
-        return Duplicate(frame.seq, True, window.acked_through)
+            batch += frames
+            return
+        receive = window.receive
+        for frame in frames:
+            seen = receive(frame.seq)
+            if seen is Received.NEW:
+                batch.append(frame)
+            elif seen is Received.ACKED:
+                self._queued.append(Duplicate(frame.seq, True, window.acked_through))
 
     def _on_frame(self, frame: Any) -> Any:
         if isinstance(frame, Extension):
