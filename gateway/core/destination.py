@@ -102,7 +102,8 @@ class GroupFigures:
     #: Subscribers in the group now.
     members: int
     #: Messages waiting to be handed out: a topic's queued copies; a log's
-    #: offsets from the group's cursor to the tail.
+    #: offsets from the group's cursor to the tail, plus those a queue's
+    #: selectors passed over (never delivered, held for another consumer).
     queued: int
     #: Deliveries the group's subscribers hold, not yet acked or nacked.
     unacked: int
