@@ -241,6 +241,38 @@ async def test_cumulative_ack_across_a_wrap(hub: Hub) -> None:
         assert (s.outstanding, s.busy()) == (0, False)
 
 
+async def test_send_many_gets_each_batch_with_consecutive_tags_in_one_call(hub: Hub) -> None:
+    batches: list[list[int]] = []
+    peer = Peer()
+
+    async def send_many(tags: list[int], deliveries: list[Delivery]) -> None:
+        batches.append(tags)
+        for tag, d in zip(tags, deliveries, strict=True):
+            await peer.send(tag, d)
+
+    async with subscriber(space=MICROMESSAGE2, start=65534, window=4) as s:
+        s.add(hub.subscribe("t"), peer.send, send_many=send_many)
+        receipts = await hub.publish([Message("t", b"m%d" % i) for i in range(6)])
+        await settle()
+        assert batches == [[65534, 65535, 1, 2]]  # one call for what the window allowed
+        assert s.outstanding == 4
+        assert s.ack_through(1) == 3
+        await settle()
+        assert batches[1:] == [[3, 4]]  # the two left, in the room three acks made
+        assert s.ack_through(4) == 3
+        assert receipts.done()
+    assert peer.bodies == [b"m%d" % i for i in range(6)]
+
+
+async def test_send_many_is_for_peer_acks(hub: Hub) -> None:
+    async def send_many(tags: list[int], deliveries: list[Delivery]) -> None:
+        raise AssertionError("never called")
+
+    async with subscriber(ack="write") as s:
+        with pytest.raises(ValueError, match="ack='peer'"):
+            s.add(hub.subscribe("t"), Peer().send, send_many=send_many)
+
+
 async def test_tags_keep_wrapping_in_a_small_space(hub: Hub) -> None:
     space = SerialSpace(0, 8)
     peer = Peer()

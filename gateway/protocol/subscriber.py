@@ -10,7 +10,8 @@ what to do when a feed stops; the toolkit does the rest:
 
 * **the pump** (one task per subscription): take what the subscription has
   (:meth:`~gateway.core.destination.Subscription.take`, never more than the
-  room allows), hand each delivery to ``send`` with a peer tag, wait
+  room allows), hand each delivery to ``send`` with a peer tag (or the whole
+  batch, with its tags, to ``send_many``: one frame or one write per batch), wait
   (:meth:`~gateway.core.destination.Subscription.watch`) when there is nothing
   to take; it stops at the end of a finite read (:attr:`FeedStop.END`), when the
   subscription is closed under it (:attr:`FeedStop.CLOSED`: the hub closing), or
@@ -56,7 +57,7 @@ from gateway.core.destination import Delivery, EndOfStream, Subscription
 from gateway.core.model import Outcome, Reply
 from gateway.protocol.tags import UNBOUNDED, SerialSpace, TagTable, UnknownTag
 
-__all__ = ["MAX_DEMAND", "AckMode", "Demand", "Feed", "FeedStop", "Subscriber"]
+__all__ = ["MAX_DEMAND", "AckMode", "Demand", "Feed", "FeedStop", "SendMany", "Subscriber"]
 
 #: The most demand a subscriber keeps (Reactive Streams' 2**63 - 1, "effectively
 #: unbounded"): more is capped there.
@@ -108,6 +109,9 @@ class Demand:
 
 #: Puts one delivery on the wire, under the peer's ``tag`` for it.
 Send = Callable[[int, Delivery], Awaitable[None]]
+#: Puts a batch of deliveries on the wire at once, under the peer's tags for them
+#: (consecutive in the peer's sequence space, in order).
+SendMany = Callable[[list[int], list[Delivery]], Awaitable[None]]
 #: Waits until what was sent is written (handed to the socket, not merely queued).
 Flush = Callable[[], Awaitable[None]]
 
@@ -124,6 +128,7 @@ class Feed:
         "flush",
         "outstanding",
         "send",
+        "send_many",
         "stopped",
         "sub",
         "writing",
@@ -137,10 +142,13 @@ class Feed:
         flush: Flush | None,
         ended: Callable[[Feed, FeedStop], Awaitable[None]] | None,
         credit: int | None,
+        send_many: SendMany | None = None,
     ) -> None:
         self._owner = owner
         self.sub = sub
         self.send = send
+        #: Sends a whole batch in one call (None: one ``send`` per delivery).
+        self.send_many = send_many
         self.flush = flush
         self.ended = ended
         #: This feed's own demand, on top of the subscription's credit (None: unlimited).
@@ -238,8 +246,13 @@ class Subscriber:
         flush: Flush | None = None,
         ended: Callable[[Feed, FeedStop], Awaitable[None]] | None = None,
         credit: int | None = None,
+        send_many: SendMany | None = None,
     ) -> Feed:
         """Pump ``sub`` to the peer through ``send``.
+
+        ``send_many``, if given, takes each batch the pump takes in one call
+        instead (``ack="peer"`` only): the peer tags of the whole batch are handed
+        out first, so a protocol can frame and write it at once.
 
         ``flush``, if given, is awaited after each batch (before its acks, with
         ``ack="write"``). ``ended(feed, why)`` is awaited once the pump stopped
@@ -248,7 +261,9 @@ class Subscriber:
         """
         if self._closed:
             raise trio.ClosedResourceError("the subscriber is closed")
-        feed = Feed(self, sub, send, flush, ended, credit)
+        if send_many is not None and self.ack_on_write:
+            raise ValueError("send_many is for ack='peer' subscribers")
+        feed = Feed(self, sub, send, flush, ended, credit, send_many)
         sub.watch(feed._lot)
         self.feeds.append(feed)
         self._nursery.start_soon(self._pump, feed)
@@ -418,6 +433,13 @@ class Subscriber:
         """``ack="peer"``: send each delivery under a peer tag the peer settles by."""
         self._spend(feed, len(batch))
         add = self.tags.add
+        if feed.send_many is not None:
+            tags = [add(feed, d.tag, d.reply_by is not None) for d in batch]
+            feed.outstanding += len(tags)
+            await feed.send_many(tags, batch)
+            if feed.flush is not None:
+                await feed.flush()
+            return
         send = feed.send
         sent = 0
         for d in batch:
