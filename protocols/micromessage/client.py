@@ -133,15 +133,19 @@ class ClientSession(PeerSession):
     # -- egress --------------------------------------------------------------------------------
     async def _send_loop(self, sub: Subscription) -> None:
         windowed = self.codec.send_window is not None
+        rename = self.rename
         while True:
-            for d in await sub.receive():
-                m = d.message
-                await self.send_message(None, self.rename or m.destination, m.body, m.headers)
-                if windowed:
-                    self.unacked.append(d.tag)
-                else:
-                    await self.flush()
-                    sub.ack(d.tag)
+            room = await self.wait_window()
+            deliveries = await sub.receive(room)
+            messages = [d.message for d in deliveries]
+            if rename:
+                messages = [m._replace(destination=rename) for m in messages]
+            await self.send_messages(None, messages)
+            if windowed:
+                self.unacked.extend(d.tag for d in deliveries)
+            else:
+                await self.flush()
+                sub.ack_many([d.tag for d in deliveries])
 
     def peer_acked(self, seq: int, settled: int) -> None:
         tags = [self.unacked.popleft() for _ in range(min(settled, len(self.unacked)))]

@@ -13,9 +13,10 @@ MESSAGE frames within the ack window, so the rules live here once:
   number and the reason, then the connection closes;
 * **duplicates**: a resend of a batch already acked is acked again at once
   and dropped; one whose ack is still coming is dropped;
-* **sending** (:meth:`PeerSession.send_message`): a MESSAGE takes a place
-  in the window (it waits for room); a ``dotnet`` type frame goes first
-  when the type changes; frames not acked within the expiry are sent again
+* **sending** (:meth:`PeerSession.send_messages`): a batch of MESSAGE
+  frames takes its places in the window (it waits for room) and goes out in
+  one write; a ``dotnet`` type frame goes before a message whose type
+  differs from the last one sent; frames not acked within the expiry are sent again
   (same bytes) by one task;
 * **the peer's acks** settle our outstanding frames; an ack for nothing
   outstanding is ignored and logged.
@@ -23,7 +24,7 @@ MESSAGE frames within the ack window, so the rules live here once:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import trio
@@ -49,6 +50,8 @@ __all__ = ["JSON", "TYPE_HEADER", "PeerError", "PeerSession"]
 TYPE_HEADER = "dotnet-type"
 #: The content type of payloads on a connection that negotiated ``json``.
 JSON = "application/json"
+#: MESSAGE frames sent per batch when no ack window bounds them.
+UNWINDOWED = 1000
 
 
 class PeerError(RemoteProtocolError):
@@ -168,34 +171,50 @@ class PeerSession(Session):
         return b""
 
     # -- sending -----------------------------------------------------------------------------
-    async def send_message(
-        self, seq: int | None, destination: str, body: bytes, headers: Mapping[str, str] | None
-    ) -> int:
-        """Send one MESSAGE numbered ``seq`` (a subscriber's tag; None: the codec's next)
-        once it is its turn and there is room; returns its sequence number.
+    async def send_messages(self, seqs: list[int] | None, messages: Sequence[Message]) -> None:
+        """Send ``messages`` as MESSAGE frames numbered ``seqs`` (a subscriber's tags; None:
+        the codec's next ones), in one write, once it is their turn and the window has
+        room for all of them.
 
-        The frames go out in sequence order whatever order tasks wake in (cumulative
-        acks need it): a numbered one waits until it is the codec's next.
+        Frames go out in sequence order whatever order tasks wake in (cumulative acks
+        need it): numbered ones wait until the first is the codec's next.
         """
-        await self._turn_for(seq)
+        await self._turn_for(seqs[0] if seqs else None, len(messages))
         codec = self.codec
-        out = b""
-        kind = headers.get(TYPE_HEADER) if headers else None
-        if kind is not None and kind != self.type_out and codec.has("dotnet"):
-            self.type_out = kind
-            out = codec.send(TypeName(kind))
-        props = format_properties(headers) if headers else ""
-        n = codec.next_seq if seq is None else seq
-        self.write(out + codec.send(Frame(n, destination, props, body)))
+        send = codec.send
+        dotnet = codec.has("dotnet")
+        parts = []
+        for i, m in enumerate(messages):
+            headers = m.headers
+            props = ""
+            if headers:
+                kind = headers.get(TYPE_HEADER)
+                if dotnet and kind is not None and kind != self.type_out:
+                    self.type_out = kind
+                    parts.append(send(TypeName(kind)))
+                props = format_properties(headers)
+            n = codec.next_seq if seqs is None else seqs[i]
+            parts.append(send(Frame(n, m.destination, props, m.body)))
+        self.write(b"".join(parts))
         self._wake()
-        return n
 
-    async def _turn_for(self, seq: int | None) -> None:
-        """Wait until the window has room, ``seq`` (if given) is the next to send, and
-        the output is under its high water; no await may follow before the write."""
+    async def wait_window(self) -> int:
+        """Wait until the ack window has room; how many MESSAGE frames fit (no window:
+        :data:`UNWINDOWED`)."""
+        codec = self.codec
+        while codec.window_room == 0:
+            await self._turn.park()
+        room = codec.window_room
+        return UNWINDOWED if room is None else room
+
+    async def _turn_for(self, seq: int | None, count: int) -> None:
+        """Wait until the window has room for ``count``, ``seq`` (if given) is the next to
+        send, and the output is under its high water; no await may follow before the
+        write."""
         codec = self.codec
         while True:
-            if codec.window_room == 0 or (seq is not None and codec.next_seq != seq):
+            room = codec.window_room
+            if (room is not None and room < count) or (seq is not None and codec.next_seq != seq):
                 await self._turn.park()
             elif not self.has_room:
                 await self.wait_for_room()

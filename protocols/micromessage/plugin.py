@@ -59,9 +59,7 @@ def server_settings(options: dict[str, Any]) -> Settings:
     return Settings(
         identity=options["identity"],
         required=tuple(spec(n) for n in required),
-        optional=tuple(
-            spec(n) for n in ("batch-ack", "dotnet", "pubsub") if n not in required
-        ),
+        optional=tuple(spec(n) for n in ("batch-ack", "dotnet", "pubsub") if n not in required),
         ack=ack,
     )
 

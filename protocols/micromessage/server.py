@@ -37,12 +37,9 @@ from .commands import Subscribe, Unsubscribe
 from .events import SEQUENCE, Established, Offered
 from .events import Message as Frame
 from .filters import parse_filter
-from .peer import PeerSession
+from .peer import UNWINDOWED, PeerSession
 
 __all__ = ["ServerSession", "start_position"]
-
-#: Deliveries unacked per subscription without an ack window.
-UNWINDOWED = 1000
 
 
 def start_position(text: str | None) -> Any:
@@ -145,7 +142,12 @@ class ServerSession(PeerSession):
             )
         except (ValueError, LookupError) as e:
             raise RemoteProtocolError(f"cannot subscribe to {cmd.destination!r}: {e}") from None
-        self.feeds[cmd.destination] = subscriber.add(sub, self._deliver, ended=self._ended)
+        self.feeds[cmd.destination] = subscriber.add(
+            sub,
+            self._deliver,
+            ended=self._ended,
+            send_many=None if subscriber.ack_on_write else self._deliver_many,
+        )
 
     def _unsubscribe(self, cmd: Unsubscribe) -> None:
         feed = self.feeds.pop(cmd.destination, None)
@@ -154,11 +156,12 @@ class ServerSession(PeerSession):
         feed.close()
 
     async def _deliver(self, tag: int, d: Delivery) -> None:
-        """One delivery as a MESSAGE frame whose sequence number is the peer's tag."""
-        m = d.message
-        await self.send_message(
-            tag if self.codec.send_window is not None else None, m.destination, m.body, m.headers
-        )
+        """One delivery, without an ack window (acked to the hub once written)."""
+        await self.send_messages(None, [d.message])
+
+    async def _deliver_many(self, tags: list[int], deliveries: list[Delivery]) -> None:
+        """A batch of deliveries as MESSAGE frames whose sequence numbers are the tags."""
+        await self.send_messages(tags, [d.message for d in deliveries])
 
     async def _ended(self, feed: Feed, why: FeedStop) -> None:
         if why is FeedStop.CLOSED:
