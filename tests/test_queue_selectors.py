@@ -37,6 +37,7 @@ from gateway.core.model import Message, Source
 from gateway.core.receipts import Receipt
 from gateway.core.topic import Topic, TopicLimits
 from gateway.durable.log import DurableLog
+from gateway.durable.partitioned import PartitionedLog
 from gateway.ops.status import snapshot
 from gateway.runtime.catalog import Catalog, DestinationSpec
 from gateway.store import Store
@@ -265,6 +266,38 @@ async def test_drop_oldest_drops_held_messages_and_counts_them(memory_queue: Mak
     assert group.dropped == 2, "b0 and b1 were held for a consumer that never came"
     assert bodies(await receive_now(only_a)) == [b"a3", b"a4"]
     assert bodies(await receive_now(queue.subscribe())) == [b"b2"]
+
+
+async def test_unmatched_looks_at_a_bounded_number_of_waiting_entries(
+    memory_queue: MakeQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue = memory_queue()
+    only_a = queue.subscribe(filter=A, max_unacked=1)
+    await publish(queue, [job("c", i) for i in range(6)] + [job("a", 6), job("a", 7)])
+    assert bodies(await receive_now(only_a)) == [b"a6"]  # c0-c5 passed over, a7 waits
+    assert unmatched(queue) == 6
+    monkeypatch.setattr("gateway.core.log.UNMATCHED_SCAN", 4)
+    assert unmatched(queue) == 4, "a status poll never reads the whole log back"
+
+
+async def test_a_partitioned_durable_queue_takes_selectors(tmp_path: Path) -> None:
+    async with Store.open(tmp_path, fsync="never") as store:
+        parts = []
+        for p in range(2):
+            segment = store.segment(f"q/{p}")
+            assert segment is not None
+            parts.append(
+                DurableLog("q", segment, store, partition=p, retain_bytes=BIG, kind="queue")
+            )
+        queue = PartitionedLog("q", parts, partition_key="k")
+        try:
+            await publish(queue, [job("abc"[i % 3], i) for i in range(9)])
+            only_b = queue.subscribe(filter=B)
+            assert sorted(bodies(await receive_now(only_b))) == [b"b1", b"b4", b"b7"]
+            rest = await receive_now(queue.subscribe())
+            assert sorted(bodies(rest)) == [b"a0", b"a3", b"a6", b"c2", b"c5", b"c8"]
+        finally:
+            queue.close()
 
 
 # -- a durable queue across a restart -------------------------------------------------------------

@@ -87,6 +87,8 @@ if TYPE_CHECKING:
 __all__ = ["QUEUE_GROUP", "LogDestination", "LogGroup", "LogSubscription", "positions"]
 
 _NO_HOLES: frozenset[int] = frozenset()
+#: A queue's ``unmatched`` figure looks at this many waiting entries at most.
+UNMATCHED_SCAN = 100_000
 
 
 def positions(lo: int, hi: int, partition: int = 0) -> list[Position]:
@@ -655,7 +657,8 @@ class LogDestination(Destination):
         present consumer's selector matches (0 while a consumer without one, or none
         at all, is present); None for a log that is no queue.
 
-        Computed when asked (status, metrics): it reads every waiting entry.
+        Computed when asked (status, metrics): it reads the waiting entries, the
+        oldest :data:`UNMATCHED_SCAN` at most (a durable log reads them from disk).
         """
         if self.kind != "queue":
             return None
@@ -667,10 +670,12 @@ class LogDestination(Destination):
             return not any(f.matches(message.headers) for f in selectors)
 
         count = 0
-        for offset in sorted(itertools.chain(g.redeliver, g.passed)):
+        held = sorted(itertools.chain(g.redeliver, g.passed))[:UNMATCHED_SCAN]
+        for offset in held:
             messages, base, _ = self._entries(offset, offset + 1)
             count += offset not in self._holes and unwanted(messages[offset - base])
-        lo, tail = g.cursor, self.tail
+        lo = g.cursor
+        tail = min(self.tail, lo + UNMATCHED_SCAN - len(held))
         while lo < tail:
             messages, base, covered = self._entries(lo, tail)
             count += sum(
