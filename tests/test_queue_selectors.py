@@ -28,7 +28,7 @@ from interchange_ndjson.client import NdjsonClient
 from interchange_ndjson.events import Deliver
 from waits import subscribed
 
-from gateway.core.destination import Delivery, Destination, Subscription
+from gateway.core.destination import Delivery, Destination, EndOfStream, Subscription
 from gateway.core.facade import HubFacade
 from gateway.core.filters import Filter
 from gateway.core.hub import Hub
@@ -266,6 +266,22 @@ async def test_drop_oldest_drops_held_messages_and_counts_them(memory_queue: Mak
     assert group.dropped == 2, "b0 and b1 were held for a consumer that never came"
     assert bodies(await receive_now(only_a)) == [b"a3", b"a4"]
     assert bodies(await receive_now(queue.subscribe())) == [b"b2"]
+
+
+async def test_a_finite_read_with_a_selector_ends_past_what_it_does_not_match(
+    memory_queue: MakeQueue,
+) -> None:
+    queue = memory_queue()
+    await publish(queue, [job("a", 0), job("b", 1), job("a", 2), job("c", 3)])
+    reader = queue.subscribe(filter=A, end="latest", credit=1)
+    assert bodies(await receive_now(reader)) == [b"a0"]
+    assert await receive_now(reader) == [], "a2 waits for credit: not the end yet"
+    reader.grant(5)
+    got = await receive_now(reader)
+    assert bodies(got) == [b"a2"]
+    with pytest.raises(EndOfStream):
+        await receive_now(reader)  # b1 and c3 wait for other consumers
+    assert unmatched(queue) == 2, "b1 and c3: still held, for consumers to come"
 
 
 async def test_unmatched_looks_at_a_bounded_number_of_waiting_entries(

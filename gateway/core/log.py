@@ -824,16 +824,26 @@ class LogSubscription(Subscription):
         return n
 
     def _finished(self) -> bool:
-        """Nothing below ``end`` is left for this finite read."""
+        """Nothing below ``end`` is left for this finite read (for a queue consumer with a
+        selector: nothing it matches; what it does not match waits for others)."""
         end = self._end
         if end is None:
             return False
         g = self._group
-        return (
-            g.cursor >= end
-            and not (g.redeliver and g.redeliver[0] < end)
-            and not (g.passed and g.passed[0] < end)
-        )
+        if g.cursor < end:
+            return False
+        f = self._selector
+        if f is None:
+            return not (g.redeliver and g.redeliver[0] < end) and not (
+                g.passed and g.passed[0] < end
+            )
+        log = self._log
+        for offset in itertools.chain(g.redeliver, g.passed):
+            if offset < end and offset not in log._holes:
+                messages, base, _ = log._entries(offset, offset + 1)
+                if f.matches(messages[offset - base].headers):
+                    return False
+        return True
 
     async def receive(self, max_count: int | None = None) -> list[Delivery]:
         waiters = self._group.waiters
