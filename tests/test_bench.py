@@ -32,6 +32,7 @@ def test_bench_lists_its_benchmarks() -> None:
         "lumberjack-relay",
         "hub-roundtrip",
         "ttrpc-echo",
+        "micromessage",
     ):
         assert name in out
 
@@ -40,6 +41,8 @@ def test_bench_lists_its_benchmarks() -> None:
     ("name", "metric", "options"),
     [
         ("ndjson-pubsub", "msg", ()),
+        ("micromessage", "delivered end to end", ()),
+        ("micromessage", "delivered end to end", ("--topic",)),
         ("ndjson-filtered", "deliveries, all subscribers", ()),
         ("ndjson-calls", "calls replied", ()),
         ("ndjson-calls", "calls replied", ("--concurrency", "1")),
