@@ -40,7 +40,7 @@ import enum
 import struct
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -70,7 +70,7 @@ from .events import (
     Offered,
     TypeName,
 )
-from .frames import FrameDecoder, encode_frame
+from .frames import FrameDecoder, encode_frame, encode_message
 from .handshake import MAX_HANDSHAKE, Handshake, Refusal, decode_handshake, encode_handshake
 from .negotiation import Negotiated, Settings
 from .windows import ACK_EXTENSIONS, Received, ReceiveWindow, SendWindow
@@ -314,13 +314,36 @@ class _Codec(Lifecycle):
         raise LocalProtocolError(f"a {type(self).__name__} does not send {type(event).__name__}")
 
     def _send_message(self, frame: Message) -> bytes:
-        wire = encode_frame(frame, max_fragment=self.limits.max_fragment)
+        return self.send_messages((frame,))
+
+    def send_messages(self, frames: Sequence[Message]) -> bytes:
+        """The bytes of several MESSAGE frames, as ``send`` makes them one by one (each
+        takes its place in the window), made at once."""
+        self._check_send("send Message")
+        if self.phase is not Phase.FRAMES:
+            raise LocalProtocolError("send Message: the handshake is not done")
         window = self.send_window
-        if window is not None:
-            window.sent(frame.seq, wire, self.clock())
+        fragment = self.limits.max_fragment
+        wires = [encode_message(frame, max_fragment=fragment) for frame in frames]
+        if window is None:
+            if frames:
+                self._seq = SEQUENCE.after(frames[-1].seq)
         else:
-            self._seq = SEQUENCE.after(frame.seq)
-        return wire
+            if len(frames) > window.room:
+                raise LocalProtocolError(
+                    f"send Message: the ack window of {window.settings.max_count} full"
+                    f" ({len(frames)} frames, room for {window.room})"
+                )
+            expected = window.next_seq
+            for frame in frames:
+                if frame.seq != expected:
+                    raise LocalProtocolError(f"MESSAGE seq {frame.seq}: the next one is {expected}")
+                expected = SEQUENCE.after(expected)
+            now = self.clock()
+            sent = window.sent
+            for frame, wire in zip(frames, wires, strict=True):
+                sent(frame.seq, wire, now)
+        return b"".join(wires)
 
     def _send_ack(self, seq: int) -> bytes:
         window = self.receive_window

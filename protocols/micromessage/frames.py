@@ -44,12 +44,14 @@ from .events import (
     Message,
 )
 
-__all__ = ["FrameDecoder", "encode_frame"]
+__all__ = ["FrameDecoder", "encode_frame", "encode_message"]
 
 _U16: Final = struct.Struct(">H")
 _U32: Final = struct.Struct(">I")
 _KIND: Final = {Message: 0, Command: 1, Extension: 2, Error: 4}
 _LARGE: Final = int(Flags.LARGE_PAYLOAD)
+#: A MESSAGE frame's flags, seq and destination length.
+_HEAD: Final = struct.Struct(">BHB")
 
 
 def _payload_of(frame: Frame) -> bytes:
@@ -118,6 +120,22 @@ def encode_frame(frame: Frame, *, max_fragment: int = MAX_FRAGMENT) -> bytes:
     return b"".join(
         _encode_one(frame, payload[s : s + max_fragment], s == 0, s != last) for s in starts
     )
+
+
+def encode_message(frame: Message, *, max_fragment: int = MAX_FRAGMENT) -> bytes:
+    """The bytes of a MESSAGE frame: :func:`encode_frame`'s, made faster for the usual
+    case (one fragment, a valid sequence number)."""
+    payload = frame.payload
+    n = len(payload)
+    seq = frame.seq
+    if n > max_fragment or not 0 < seq <= 0xFFFF:
+        return encode_frame(frame, max_fragment=max_fragment)
+    dest = _ascii(frame.destination, "destination", 255) if frame.destination else b""
+    props = _ascii(frame.properties, "properties", 65535) if frame.properties else b""
+    large = n > MAX_SMALL_LENGTH
+    head = _HEAD.pack(_LARGE if large else 0, seq, len(dest))
+    length = _U32.pack(n) if large else bytes((n,))
+    return b"".join((head, dest, _U16.pack(len(props)), props, length, payload))
 
 
 @dataclass(frozen=True, slots=True)

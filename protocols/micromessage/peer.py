@@ -40,7 +40,7 @@ from gateway.sdk import (
 )
 
 from .codec import ClientCodec, ServerCodec
-from .events import Ack, Duplicate, Error, Extension, Messages, TypeName
+from .events import SEQUENCE, Ack, Duplicate, Error, Extension, Messages, TypeName
 from .events import Message as Frame
 from .properties import format_properties, parse_properties
 
@@ -123,24 +123,26 @@ class PeerSession(Session):
             self.nursery.start_soon(self._resend)
 
     # -- receiving ---------------------------------------------------------------------------
-    def to_message(self, frame: Frame) -> Message:
-        """The hub message a received MESSAGE frame stands for."""
-        headers: dict[str, str] | None = None
-        if frame.properties:
-            headers = parse_properties(frame.properties, untyped_as_text=self.untyped_as_text)
-        if self.type_in is not None:
-            headers = {**(headers or {}), TYPE_HEADER: self.type_in}
-        return Message(
-            self.destination_of(frame),
-            frame.payload,
-            headers or {},
-            JSON if self.codec.has("json") else None,
-            self.source(),
-        )
+    def to_messages(self, frames: tuple[Frame, ...]) -> list[Message]:
+        """The hub messages received MESSAGE frames stand for (one source for the batch)."""
+        source = self.source()
+        content_type = JSON if self.codec.has("json") else None
+        type_in = self.type_in
+        untyped = self.untyped_as_text
+        destination_of = self.destination_of
+        out = []
+        for frame in frames:
+            headers: dict[str, str] = {}
+            if frame.properties:
+                headers = parse_properties(frame.properties, untyped_as_text=untyped)
+            if type_in is not None:
+                headers[TYPE_HEADER] = type_in
+            out.append(Message(destination_of(frame), frame.payload, headers, content_type, source))
+        return out
 
     async def hand_off(self, frames: tuple[Frame, ...]) -> None:
         """Publish one batch; ack it once safe (see the module docstring)."""
-        messages = [self.to_message(f) for f in frames]
+        messages = self.to_messages(frames)
         if self.shutdown is not None and self.shutdown.is_set():
             self.codec.rewind(frames[0].seq)  # not taken: resent on the next connection
             return
@@ -181,21 +183,26 @@ class PeerSession(Session):
         """
         await self._turn_for(seqs[0] if seqs else None, len(messages))
         codec = self.codec
-        send = codec.send
+        out: list[bytes] = []
+        frames: list[Frame] = []
+        n = codec.next_seq
+        after = SEQUENCE.after
         dotnet = codec.has("dotnet")
-        parts = []
-        for i, m in enumerate(messages):
+        for m in messages:
             headers = m.headers
             props = ""
             if headers:
                 kind = headers.get(TYPE_HEADER)
                 if dotnet and kind is not None and kind != self.type_out:
+                    out.append(codec.send_messages(frames))
+                    frames = []
                     self.type_out = kind
-                    parts.append(send(TypeName(kind)))
+                    out.append(codec.send(TypeName(kind)))
                 props = format_properties(headers)
-            n = codec.next_seq if seqs is None else seqs[i]
-            parts.append(send(Frame(n, m.destination, props, m.body)))
-        self.write(b"".join(parts))
+            frames.append(Frame(n, m.destination, props, m.body))
+            n = after(n)
+        out.append(codec.send_messages(frames))
+        self.write(b"".join(out))
         self._wake()
 
     async def wait_window(self) -> int:
