@@ -125,8 +125,8 @@ class LogGroup:
     ``cursor`` is the next offset never handed out; below it every offset is
     settled (acked, rejected, skipped by the filter, dropped), unacked at a
     member, waiting in ``redeliver``, or (a queue's) waiting in ``passed``.
-    ``committed`` is the first offset not
-    settled: ``settled`` holds the settled offsets above it. Eviction under
+    ``committed`` is the first offset not settled: ``settled`` holds the
+    settled offsets above it. Eviction under
     ``drop_oldest`` moves both past the evicted entries, even ones a member
     still holds unacked: the group can never read them again.
     """
