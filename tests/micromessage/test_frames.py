@@ -24,7 +24,7 @@ from protocols.micromessage.events import (
     Frame,
     Message,
 )
-from protocols.micromessage.frames import FrameDecoder, encode_frame
+from protocols.micromessage.frames import FrameDecoder, encode_frame, encode_message
 
 _LARGE_4096 = Message(2, "MQ", "last_name:kalle;", b"a" * 4096)
 
@@ -402,3 +402,54 @@ def test_empty_fragments_hold_nothing() -> None:
     decoder.feed(encode_frame(Command(b"go")))
     assert decoder.next_frame() == Command(b"go")
     decoder.check_eof()
+
+
+# -- the fast paths --------------------------------------------------------------
+
+
+def _fast_then_slow(decoder: FrameDecoder, limit: int) -> list[Frame]:
+    """Drain ``decoder`` as the codec does: runs of plain MESSAGE frames in one pass,
+    anything else one frame at a time."""
+    out: list[Frame] = []
+    while True:
+        run = decoder.next_messages(limit)
+        if run:
+            out += run
+            continue
+        frame = decoder.next_frame()
+        if frame is None:
+            return out
+        out.append(frame)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_frames, max_size=8), st.integers(1, 700), st.integers(1, 5), st.data())
+def test_the_one_pass_message_parser_agrees_with_next_frame(
+    frames: list[Frame], fragment: int, limit: int, data: st.DataObject
+) -> None:
+    wire = b"".join(encode_frame(f, max_fragment=fragment) for f in frames)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=8)))
+    decoder = FrameDecoder()
+    got: list[Frame] = []
+    for start, end in zip([0, *cuts], [*cuts, len(wire)], strict=True):
+        decoder.feed(wire[start:end])
+        got += _fast_then_slow(decoder, limit)
+    assert got == frames
+    decoder.check_eof()
+
+
+def test_the_one_pass_parser_leaves_bad_frames_to_next_frame() -> None:
+    decoder = FrameDecoder()
+    decoder.feed(encode_frame(Message(1, "q", "", b"ok")) + bytes.fromhex("00 0000 01 71 0000 00"))
+    assert decoder.next_messages(10) == [Message(1, "q", "", b"ok")]
+    assert decoder.next_messages(10) == []  # seq 0: next_frame refuses it, naming the byte
+    with pytest.raises(RemoteProtocolError, match=r"byte 10 .*sequence number 0"):
+        decoder.next_frame()
+
+
+@settings(max_examples=200, deadline=None)
+@given(_frames.filter(lambda f: isinstance(f, Message)), st.integers(1, 700))
+def test_encode_message_is_encode_frame(frame: Message, fragment: int) -> None:
+    assert encode_message(frame, max_fragment=fragment) == encode_frame(
+        frame, max_fragment=fragment
+    )
