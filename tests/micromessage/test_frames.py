@@ -443,7 +443,7 @@ def test_the_one_pass_parser_leaves_bad_frames_to_next_frame() -> None:
     decoder.feed(encode_frame(Message(1, "q", "", b"ok")) + bytes.fromhex("00 0000 01 71 0000 00"))
     assert decoder.next_messages(10) == [Message(1, "q", "", b"ok")]
     assert decoder.next_messages(10) == []  # seq 0: next_frame refuses it, naming the byte
-    with pytest.raises(RemoteProtocolError, match=r"byte 10 .*sequence number 0"):
+    with pytest.raises(RemoteProtocolError, match=r"byte 11 .*sequence number 0"):
         decoder.next_frame()
 
 
