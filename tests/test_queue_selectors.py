@@ -503,6 +503,7 @@ class _Walk:
         self.delivered: set[bytes] = set()
         self.outstanding: set[bytes] = set()
         self.acked: set[bytes] = set()
+        self.windows: dict[int, int] = {}
 
     async def apply(self, op: tuple[Any, ...]) -> None:
         kind = op[0]
@@ -513,10 +514,15 @@ class _Walk:
         elif kind == "sub":
             sub = self.queue.subscribe(filter=_SELECTORS[op[1]], max_unacked=op[2])
             self.members.append((sub, op[1], []))
+            self.windows[id(sub)] = op[2]
         elif self.members:
             sub, selector, held = self.members[op[1] % len(self.members)]
             if kind == "take":
-                self.took(selector, held, sub.take(op[2]))
+                room = min(op[2], self.windows[id(sub)] - len(held))
+                got = sub.take(op[2])
+                self.took(selector, held, got)
+                if len(got) < room:
+                    self.check_none_left_for(selector)
             elif kind == "close":
                 sub.close()
                 self.outstanding.difference_update(d.message.body for d in held)
@@ -542,6 +548,17 @@ class _Walk:
             self.delivered.add(body)
             self.outstanding.add(body)
         held += got
+
+    def check_none_left_for(self, selector: str | None) -> None:
+        """A take that had room and stopped short left no waiting message it matches."""
+        left = [
+            m.body
+            for m in self.published
+            if m.body not in self.acked
+            and m.body not in self.outstanding
+            and selector in (None, m.headers["k"])
+        ]
+        assert not left, f"a consumer with room was not given {left}"
 
     def check_unmatched(self) -> None:
         selectors = [s for _, s, _ in self.members]
