@@ -79,6 +79,8 @@ __all__ = ["ClientCodec", "Limits", "Phase", "ServerCodec", "Settings"]
 
 _U16: Final = struct.Struct(">H")
 _OPEN: Final = CodecState.OPEN
+#: One past the last sequence number.
+_WRAP: Final = 65536
 #: MESSAGE frames parsed in one pass of the fast path.
 MAX_BATCH: Final = 1024
 
@@ -247,6 +249,14 @@ class _Codec(Lifecycle):
         if window is None:
             batch += frames
             return
+        first, k = frames[0].seq, len(frames)
+        if (
+            first + k <= _WRAP
+            and [f.seq for f in frames] == list(range(first, first + k))
+            and window.receive_run(first, k)
+        ):
+            batch += frames  # the usual case: exactly the next ones, all new
+            return
         receive = window.receive
         for frame in frames:
             seen = receive(frame.seq)
@@ -339,10 +349,7 @@ class _Codec(Lifecycle):
                 if frame.seq != expected:
                     raise LocalProtocolError(f"MESSAGE seq {frame.seq}: the next one is {expected}")
                 expected = SEQUENCE.after(expected)
-            now = self.clock()
-            sent = window.sent
-            for frame, wire in zip(frames, wires, strict=True):
-                sent(frame.seq, wire, now)
+            window.sent_run(wires, self.clock())
         return b"".join(wires)
 
     def _send_ack(self, seq: int) -> bytes:

@@ -299,6 +299,21 @@ class SendWindow:
         self._bytes += len(wire)
         self.next_seq = SEQUENCE.after(seq)
 
+    def sent_run(self, wires: list[bytes], now: float) -> None:
+        """Record new MESSAGE frames carrying the next ``len(wires)`` seqs, sent at ``now``
+        (what :meth:`sent` does for each, checked once)."""
+        if len(wires) > self.room:
+            raise LocalProtocolError(f"ack window of {self.settings.max_count} full")
+        seq = self.next_seq
+        frames, clock, after = self._frames, self._clock, SEQUENCE.after
+        for wire in wires:
+            frame = _Outstanding(seq, wire, now)
+            frames.append(frame)
+            clock.append(frame)
+            self._bytes += len(wire)
+            seq = after(seq)
+        self.next_seq = seq
+
     def acked(self, seq: int) -> int:
         """Settle every outstanding frame up to ``seq``: how many (0: not outstanding)."""
         if seq not in SEQUENCE or not self._frames:
@@ -423,6 +438,20 @@ class ReceiveWindow:
         if self._was_acked(seq):
             return Received.ACKED
         raise RemoteProtocolError(f"MESSAGE seq {seq}: expected {expected}")
+
+    def receive_run(self, first: int, count: int) -> bool:
+        """Take ``count`` consecutive seqs from ``first`` as NEW at once when they are
+        exactly the next ones and fit the window (the caller checked that they are
+        consecutive); False, and nothing changed: classify them one by one."""
+        if (
+            self._forgotten
+            or first not in SEQUENCE
+            or SEQUENCE.distance(self._acked, first) != self._unacked + 1
+            or self._unacked + count > self.settings.max_count
+        ):
+            return False
+        self._unacked += count
+        return True
 
     def acked(self, seq: int) -> bool:
         """Ack every kept message through ``seq`` (it was handed off); False, and
