@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import repeat
@@ -74,6 +75,9 @@ if TYPE_CHECKING:
     from gateway.core.filters import Filter
 
 __all__ = ["QUEUE_GROUP", "Topic", "TopicLimits"]
+
+#: The last copy of a queued slice, to find where a selector's scan resumes.
+_LAST_SEQ = operator.attrgetter("last_seq")
 
 
 class TopicLimits:
@@ -237,6 +241,7 @@ class _Group:
         "members",
         "name",
         "queue",
+        "returns",
         "selective",
         "used_bytes",
         "used_count",
@@ -262,6 +267,9 @@ class _Group:
         self.members: list[TopicSubscription] = []
         #: Members with a selector of their own (a queue's consumers only).
         self.selective = 0
+        #: How many times copies went back into the queue, behind newer ones: a
+        #: selector's horizon (see TopicSubscription._take_selected) holds until then.
+        self.returns = 0
         #: Members waiting for a copy to arrive, and tasks watching the group.
         self.waiters = _Waiters()
 
@@ -762,6 +770,10 @@ class TopicSubscription(Subscription):
         self._closed = False
         #: Lots this subscription wakes besides its own waiters (:meth:`watch`).
         self._watching: list[trio.lowlevel.ParkingLot] = []
+        #: A selector's horizon: no copy queued up to this one matches it, as long
+        #: as the group's ``returns`` is still ``_horizon_returns`` (see _take_selected).
+        self._horizon = 0
+        self._horizon_returns = -1
 
     @property
     def credit(self) -> int | None:
@@ -865,52 +877,76 @@ class TopicSubscription(Subscription):
         queue and within the byte window; the copies passed over stay where they were.
 
         Scans the queue from its head until it took ``n`` (or the window is full):
-        the cost of a selector is a scan of the copies it does not match.
+        the cost of a selector is a scan of the copies it does not match. The scan
+        starts past the copies its last one found nothing in (its *horizon*), unless
+        copies went back into the queue since: then from the head again.
         """
         g = self._group
         queue = g.queue
+        horizon = self._horizon if self._horizon_returns == g.returns else 0
+        skip = bisect.bisect_right(queue, horizon, key=_LAST_SEQ) if horizon else 0
+        queue.rotate(-skip)
         out: list[Delivery] = []
         kept: list[_Slice] = []
         taken = freed = freed_bytes = 0
         full = False
-        while queue and taken < n and not full:
+        for _ in range(len(queue) - skip):
+            if taken >= n or full:
+                break
             piece = queue.popleft()
             run = piece.run
             if run.reply_by is not None and run.receipt.done():
+                horizon = piece.last_seq
                 run.settle(piece.start, piece.end, None)
                 freed += piece.end - piece.start
                 freed_bytes += piece.nbytes()
                 continue
-            messages = run.messages
-            i = piece.start
-            while i < piece.end and taken < n:
-                if not selector.matches(messages[i].headers):
-                    i += 1
-                    continue
-                j = i + 1
-                while j < piece.end and j - i < n - taken and selector.matches(messages[j].headers):
-                    j += 1
-                hi, nbytes = self._fit(run, i, j)
-                if hi == i:
-                    full = True
-                    break
-                if i > piece.start:
-                    kept.append(_Slice(run, piece.start, i, piece.redelivered))
-                self._lease(out, run, i, hi, nbytes, piece.redelivered)
-                taken += hi - i
-                piece.start = i = hi
-                if hi < j:
-                    full = True
-                    break
+            first = piece.start
+            k, full, stop = self._take_from(piece, selector, n - taken, out, kept)
+            taken += k
+            if stop > first:
+                horizon = run.seq0 + run.local(stop - 1)
             if piece.start < piece.end:
                 kept.append(piece)
         queue.extendleft(reversed(kept))
+        queue.rotate(skip)
+        self._horizon, self._horizon_returns = horizon, g.returns
         if freed:
             self._topic._freed(g, freed, freed_bytes)
         if self._credit is not None:
             self._credit -= taken
         self._topic.delivered += taken
         return out
+
+    def _take_from(
+        self, piece: _Slice, selector: Filter, n: int, out: list[Delivery], kept: list[_Slice]
+    ) -> tuple[int, bool, int]:
+        """Up to ``n`` copies of ``piece`` that ``selector`` matches, into ``out``; the
+        ones before them it passed over go to ``kept`` and ``piece`` keeps the rest.
+        Returns how many it took, whether the byte window is full, and the index
+        where it stopped (every copy before it was passed over or taken)."""
+        run = piece.run
+        messages = run.messages
+        taken = 0
+        i = piece.start
+        while i < piece.end and taken < n:
+            if not selector.matches(messages[i].headers):
+                i += 1
+                continue
+            j = i + 1
+            while j < piece.end and j - i < n - taken and selector.matches(messages[j].headers):
+                j += 1
+            hi, nbytes = self._fit(run, i, j)
+            if hi == i:
+                return taken, True, i
+            if i > piece.start:
+                kept.append(_Slice(run, piece.start, i, piece.redelivered))
+            self._lease(out, run, i, hi, nbytes, piece.redelivered)
+            taken += hi - i
+            piece.start = i = hi
+            if hi < j:
+                return taken, True, i
+        return taken, False, i
 
     def _lease(
         self, out: list[Delivery], run: _Run, lo: int, hi: int, nbytes: int, redelivered: bool
@@ -1103,6 +1139,7 @@ def _return_in_order(group: _Group, pieces: list[_Slice]) -> None:
     their first copy orders every copy.
     """
     newest = max(p.last_seq for p in pieces)
+    group.returns += 1
     queue = group.queue
     head = list(pieces)
     while queue and queue[0].first_seq < newest:
