@@ -65,13 +65,21 @@ from .events import (
     Error,
     Established,
     Extension,
+    Flags,
     Message,
     Messages,
     Offered,
     TypeName,
 )
 from .frames import FrameDecoder, encode_frame, encode_message
-from .handshake import MAX_HANDSHAKE, Handshake, Refusal, decode_handshake, encode_handshake
+from .handshake import (
+    MAJOR,
+    MAX_HANDSHAKE,
+    Handshake,
+    Refusal,
+    decode_handshake,
+    encode_handshake,
+)
 from .negotiation import Negotiated, Settings
 from .windows import ACK_EXTENSIONS, Received, ReceiveWindow, SendWindow
 
@@ -189,18 +197,32 @@ class _Codec(Lifecycle):
         if self._queued:
             return self._queued.popleft()
         try:
+            if self._peer_errored:
+                return self._after_error()
             if self.phase is Phase.FRAMES:
                 return self._next_frames()
             return self._next_handshake()
         except RemoteProtocolError as e:
             self._fail(e)
 
+    def _after_error(self) -> Any:
+        """The peer sent an ERROR frame: nothing may follow it but the end of input."""
+        buf = self._buffer
+        if len(buf):
+            raise RemoteProtocolError("bytes after the peer's ERROR frame")
+        return self._closed() if buf.eof else NEED_DATA
+
     def _next_handshake(self) -> Any:
         buf = self._buffer
-        if self._peer_errored or self.phase not in self._AWAITS:
-            if self._peer_errored and len(buf):
-                raise RemoteProtocolError("bytes after the peer's ERROR frame")
+        if self.phase not in self._AWAITS:
             return self._closed() if buf.eof else NEED_DATA
+        if len(buf) >= 2 and not buf.data[buf.pos] & Flags.ERROR and buf.data[buf.pos] != MAJOR:
+            # Judged from the first bytes, so that anything but a handshake (a MESSAGE
+            # sent too early, another protocol) is refused at once.
+            major, minor = buf.data[buf.pos], buf.data[buf.pos + 1]
+            raise RemoteProtocolError(
+                f"version {major}.{minor} is not supported: major must be {MAJOR}"
+            )
         parsed = decode_handshake(buf.data, buf.pos, limit=self.limits.max_handshake)
         if parsed is None:
             return self._closed() if buf.eof else NEED_DATA

@@ -24,7 +24,14 @@ from .handshake import (
     server_answer,
     server_confirm,
 )
-from .windows import ACK_EXTENSIONS, AckSettings, answer_ack, check_final_ack, final_ack
+from .windows import (
+    ACK_EXTENSIONS,
+    AckSettings,
+    ack_spec,
+    answer_ack,
+    check_final_ack,
+    final_ack,
+)
 
 __all__ = ["SUPPORTED", "Negotiated", "Settings", "answer", "confirm", "final", "offer"]
 
@@ -56,9 +63,22 @@ class Negotiated:
 
 
 def offer(settings: Settings) -> Handshake:
-    """A client's first message."""
+    """A client's first message: an ack extension listed without properties carries the
+    window ``settings.ack`` asks for."""
+
+    def wish(spec: ExtensionSpec) -> ExtensionSpec:
+        if spec.name in ACK_EXTENSIONS and not spec.properties:
+            return ack_spec(spec.name, settings.ack)
+        return spec
+
     major, minor = settings.version
-    return Handshake(major, minor, settings.identity, settings.required, settings.optional)
+    return Handshake(
+        major,
+        minor,
+        settings.identity,
+        tuple(map(wish, settings.required)),
+        tuple(map(wish, settings.optional)),
+    )
 
 
 def _specs(message: Handshake) -> dict[str, ExtensionSpec]:
