@@ -174,11 +174,11 @@ class Client:
         try:
             with trio.fail_after(handshake_timeout):
                 await _handshake(stream, codec)
-        except ProtocolError as e:
+        except BaseException as e:
             await trio.aclose_forcefully(stream)
-            raise ConnectionLost(f"handshake failed: {e}") from e
-        except BaseException:
-            await trio.aclose_forcefully(stream)
+            broken = isinstance(e, ProtocolError | trio.BrokenResourceError | OSError)
+            if broken and not isinstance(e, ConnectionLost):  # a refusal, a reset, TLS
+                raise ConnectionLost(f"handshake failed: {e}") from e
             raise
         return cls(stream, codec)
 

@@ -20,6 +20,7 @@ from protocols.micromessage import Client, ConnectionLost, Received, ServerError
 
 GUARD = 5.0  # seconds any one expected event may take
 QUIET = 0.3  # seconds in which an unexpected message would have arrived
+AT = "2014-10-13T11:00:00.250000Z"  # a header the library sends as a D property
 
 
 def config(*destinations: dict[str, Any]) -> dict[str, Any]:
@@ -79,10 +80,11 @@ async def test_filtered_subscriber_gets_matching_messages_with_typed_headers() -
     ):
         await subscribed(sub, "news", filter="age>=N18")
         for age in (10, 20, 30):
-            await pub.publish("news", b"hello %d" % age, {"age": str(age), "who": "x y"})
+            headers = {"age": str(age), "who": "x y", "at": AT}
+            await pub.publish("news", b"hello %d" % age, headers)
         got = await receive(sub, 2)
         assert [m.payload for m in got] == [b"hello 20", b"hello 30"]
-        assert got[0].headers == {"age": "20", "who": "x y"}
+        assert got[0].headers == {"age": "20", "who": "x y", "at": AT}  # N, T, D and back
         assert got[0].destination == "news"
         assert await receive_now(sub) == []  # age 10 did not match
         # Those delivered settle only when the subscriber acks its copies (age 10,
@@ -280,3 +282,15 @@ async def test_closed_connection_raises_connection_lost() -> None:
         with trio.fail_after(GUARD), pytest.raises(ConnectionLost):
             await Client.connect("127.0.0.1", port)
     await server.aclose()
+
+
+async def test_gateway_going_away_raises_connection_lost() -> None:
+    async with running_gateway(config()) as gw:
+        client = await Client.connect(*host_port(gw.addresses["mm"][0]))
+        async with client:
+            await client.subscribe("news")
+            gw.shutdown()
+            with trio.fail_after(GUARD), pytest.raises(ConnectionLost):
+                await client.receive()
+            with pytest.raises(ConnectionLost):
+                client.ack(1)
