@@ -19,6 +19,20 @@ and :mod:`.api` the client library for Python programs, exported here:
 :class:`Client`, :class:`Received`, :class:`ServerError`, :class:`ConnectionLost`.
 """
 
-from .api import Client, ConnectionLost, Received, ServerError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .api import Client, ConnectionLost, Received, ServerError
 
 __all__ = ["Client", "ConnectionLost", "Received", "ServerError"]
+
+
+def __getattr__(name: str) -> Any:
+    """The client library's names, imported on first use: the sans-IO modules of this
+    package (the codec) must import without trio."""
+    if name in __all__:
+        return getattr(importlib.import_module(".api", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

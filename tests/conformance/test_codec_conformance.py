@@ -46,13 +46,7 @@ CODEC_MODULES = [
     "protocols.ttrpc.codec",
     "interchange_ndjson.codec",
     "protocols._template.codec",
-    pytest.param(
-        "protocols.micromessage.codec",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="protocols/micromessage/__init__.py imports .api (trio) eagerly",
-        ),
-    ),
+    "protocols.micromessage.codec",
     "gateway.protocol.conformance",
 ]
 
