@@ -142,6 +142,7 @@ class LogGroup:
         "passed",
         "redeliver",
         "rejected",
+        "returns",
         "selective",
         "settled",
         "waiters",
@@ -158,12 +159,15 @@ class LogGroup:
         #: Offsets given back (nack, close), a heap: handed out first, lowest first.
         self.redeliver: list[int] = []
         #: A queue's offsets that a consumer with a selector read past without a
-        #: match, a heap: never delivered, not settled (so the committed position
+        #: match, sorted: never delivered, not settled (so the committed position
         #: stays below them, and a durable log reads them again after a restart);
         #: every member looks at them first, with the redeliveries.
         self.passed: list[int] = []
         #: Members with a selector of their own (a queue's consumers only).
         self.selective = 0
+        #: How many times offsets were given back to ``redeliver``: a selector's
+        #: horizon (see LogSubscription._take_held) holds until then.
+        self.returns = 0
         self.members: list[LogSubscription] = []
         #: Members waiting for something to take.
         self.waiters = trio.lowlevel.ParkingLot()
@@ -492,11 +496,15 @@ class LogDestination(Destination):
         A delivery of one that a member holds unacked stays with it (it has the
         message) and may still be acked; given back, it counts as dropped.
         """
+        heap = g.redeliver
         dropped = 0
-        for heap in (g.redeliver, g.passed):
-            while heap and heap[0] < hi:
-                heapq.heappop(heap)
-                dropped += 1
+        while heap and heap[0] < hi:
+            heapq.heappop(heap)
+            dropped += 1
+        if g.passed:
+            gone = bisect.bisect_left(g.passed, hi)
+            del g.passed[:gone]
+            dropped += gone
         start = max(g.cursor, lo)
         if start < hi:
             f = g.filter
@@ -552,6 +560,7 @@ class LogDestination(Destination):
     def _requeue(self, g: LogGroup, offsets: Iterable[int]) -> None:
         """Give unacked ``offsets`` back to ``g``; evicted ones count as dropped."""
         first = self.first
+        g.returns += 1
         for offset in offsets:
             if offset < first:
                 g.dropped += 1
@@ -791,6 +800,10 @@ class LogSubscription(Subscription):
         self._ended = False
         #: Lots this subscription wakes besides its own waiters (:meth:`watch`).
         self._watching: list[trio.lowlevel.ParkingLot] = []
+        #: A selector's horizon: no held entry up to this offset matches it, as long
+        #: as the group's ``returns`` is still ``_horizon_returns`` (see _take_held).
+        self._horizon = -1
+        self._horizon_returns = -1
 
     @property
     def credit(self) -> int | None:
@@ -928,10 +941,12 @@ class LogSubscription(Subscription):
         recent, recent_base, recent_first = log._recent, log._recent_base, log._recent_first
         held = self._unacked_bytes
         full = moved = False
+        # ``passed`` is sorted: taken from its front, cut once at the end.
+        taken, left = 0, len(passed)
         # Never below the first retained offset: eviction and _requeue see to it.
-        while (again or passed) and len(out) < n:
-            heap = again if again and not (passed and passed[0] < again[0]) else passed
-            offset = heap[0]
+        while (again or taken < left) and len(out) < n:
+            redelivered = bool(again) and not (taken < left and passed[taken] < again[0])
+            offset = again[0] if redelivered else passed[taken]
             if end is not None and offset >= end:
                 break
             if offset >= recent_first:
@@ -940,7 +955,10 @@ class LogSubscription(Subscription):
                 messages, base, _ = log._read(offset, offset + 1)
                 message = messages[offset - base]
                 if offset in log._holes:
-                    heapq.heappop(heap)
+                    if redelivered:
+                        heapq.heappop(again)
+                    else:
+                        taken += 1
                     g.dropped += 1
                     moved |= g.settle((offset,))
                     continue
@@ -948,15 +966,20 @@ class LogSubscription(Subscription):
             if limit is not None and (tags or shared) and held + size > limit:
                 full = True
                 break
-            heapq.heappop(heap)
+            if redelivered:
+                heapq.heappop(again)
+            else:
+                taken += 1
             tag = self._next_tag
             self._next_tag = tag + 1
             tags[tag] = offset
             if tag_bytes is not None:
                 tag_bytes[tag] = size
             held += size
-            delivery = (tag, message, heap is again, Position(offset, log.partition), None)
+            delivery = (tag, message, redelivered, Position(offset, log.partition), None)
             out.append(new_delivery(delivery))
+        if taken:
+            del passed[:taken]
         self._unacked_bytes = held
         return full, moved
 
@@ -986,7 +1009,7 @@ class LogSubscription(Subscription):
             while hi < covered and not selector.matches(messages[hi - base].headers):
                 hi += 1
             if hi > lo:
-                # Above every offset held already: appending keeps the heap a heap.
+                # Above every offset held already: appending keeps it sorted.
                 passed.extend(range(lo, hi))
                 g.cursor = hi
                 continue
@@ -1003,48 +1026,67 @@ class LogSubscription(Subscription):
     ) -> tuple[bool, bool]:
         """The group's held entries (redeliveries and entries passed over) that
         ``selector`` matches, lowest first, into ``out``: whether the byte window is
-        full, and whether the committed position moved. Scans every held entry below
-        the last one it takes: the cost of selectors."""
+        full, and whether the committed position moved.
+
+        The cost of selectors: it reads every held entry below the last one it takes,
+        but starts past the ones its last scan found nothing in (its *horizon*),
+        unless offsets were given back since: then from the lowest again.
+        """
         g = self._group
         if n <= 0 or not (g.redeliver or g.passed):
             return False, False
         log = self._log
         end = self._end
-        tags = self._tags
-        taken: set[int] = set()
-        full = moved = False
+        horizon = self._horizon if self._horizon_returns == g.returns else -1
+        passed = g.passed
+        unseen = itertools.islice(passed, bisect.bisect_right(passed, horizon), None)
         held = heapq.merge(
-            zip(sorted(g.redeliver), repeat(True)), zip(sorted(g.passed), repeat(False))
+            zip(sorted(o for o in g.redeliver if o > horizon), repeat(True)),
+            zip(unseen, repeat(False)),
         )
+        taken: list[int] = []
+        full = moved = False
         for offset, again in held:
             if len(out) >= n or (end is not None and offset >= end):
                 break
             messages, base, _ = log._entries(offset, offset + 1)
             if offset in log._holes:
-                taken.add(offset)
+                taken.append(offset)
                 g.dropped += 1
                 moved |= g.settle((offset,))
-                continue
-            message = messages[offset - base]
-            if not selector.matches(message.headers):
-                continue
-            size = log._size(offset)
-            if limit is not None and (tags or shared) and self._unacked_bytes + size > limit:
-                full = True
-                break
-            taken.add(offset)
-            tag = self._next_tag
-            self._next_tag = tag + 1
-            tags[tag] = offset
-            if self._tag_bytes is not None:
-                self._tag_bytes[tag] = size
-            self._unacked_bytes += size
-            out.append(new_delivery((tag, message, again, Position(offset, log.partition), None)))
+            elif selector.matches((message := messages[offset - base]).headers):
+                if not self._hand_out_one(out, offset, message, again, limit, shared):
+                    full = True
+                    break
+                taken.append(offset)
+            horizon = offset
+        self._horizon, self._horizon_returns = horizon, g.returns
         if taken:
-            for heap in (g.redeliver, g.passed):
-                heap[:] = [o for o in heap if o not in taken]
-                heapq.heapify(heap)
+            _remove_held(g, taken)
         return full, moved
+
+    def _hand_out_one(
+        self,
+        out: list[Delivery],
+        offset: int,
+        message: Message,
+        again: bool,
+        limit: int | None,
+        shared: int,
+    ) -> bool:
+        """Deliver the entry at ``offset`` into ``out``, if it fits the byte window."""
+        size = self._log._size(offset)
+        if limit is not None and (self._tags or shared) and self._unacked_bytes + size > limit:
+            return False
+        tag = self._next_tag
+        self._next_tag = tag + 1
+        self._tags[tag] = offset
+        if self._tag_bytes is not None:
+            self._tag_bytes[tag] = size
+        self._unacked_bytes += size
+        position = Position(offset, self._log.partition)
+        out.append(new_delivery((tag, message, again, position, None)))
+        return True
 
     def _take_new(
         self, out: list[Delivery], n: int, limit: int | None, shared: int, full: bool
@@ -1210,3 +1252,17 @@ class LogSubscription(Subscription):
             for lot in self._watching:
                 g.watchers.remove(lot)
             self._watching.clear()
+
+
+def _remove_held(g: LogGroup, offsets: list[int]) -> None:
+    """Take ``offsets`` (ascending) out of ``g``'s redeliveries and entries passed over."""
+    gone = set(offsets)
+    heap = g.redeliver
+    if heap and not gone.isdisjoint(heap):
+        heap[:] = [o for o in heap if o not in gone]
+        heapq.heapify(heap)
+    passed = g.passed
+    for offset in reversed(offsets):
+        i = bisect.bisect_left(passed, offset)
+        if i < len(passed) and passed[i] == offset:
+            del passed[i]
