@@ -8,12 +8,14 @@ Real sockets need the real clock, so every wait is guarded by a short
 
 from __future__ import annotations
 
+import ast
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import trio
+from documented import python_examples
 from harness import host_port, running_gateway
 
 from protocols.micromessage import Client, ConnectionLost, Received, ServerError
@@ -294,3 +296,19 @@ async def test_gateway_going_away_raises_connection_lost() -> None:
                 await client.receive()
             with pytest.raises(ConnectionLost):
                 client.ack(1)
+
+
+async def test_the_docs_example_runs() -> None:
+    """docs/protocols/micromessage2.md's example, against a gateway on a free port."""
+    (example,) = [
+        e
+        for e in python_examples()
+        if e.where.startswith("docs/protocols/micromessage2.md")
+        and e.tested_by == "tests/micromessage/test_api.py"
+    ]
+    async with gateway() as (host, port):
+        code = example.code.replace('"localhost", 7072', f"{host!r}, {port}")
+        assert code != example.code
+        flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+        with trio.fail_after(GUARD):
+            await eval(compile(code, example.where, "exec", flags=flags), {})
