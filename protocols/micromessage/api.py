@@ -60,6 +60,8 @@ from .windows import AckSettings, ack_spec
 __all__ = ["Client", "ConnectionLost", "Received", "ServerError"]
 
 _READ = 65536
+#: How long closing may take to write what is queued (the last acks, an ERROR frame).
+FLUSH_TIMEOUT = 1.0
 
 
 class ServerError(Exception):
@@ -201,7 +203,7 @@ class Client:
     ) -> None:
         """Stop the background tasks and close the connection; what was not acked either
         way is resent (by the server: delivered again)."""
-        self._fail(trio.ClosedResourceError("the client was closed"))
+        self._fail(trio.ClosedResourceError("the client was closed"), flush=True)
         try:
             # The body's own exception propagates as it is, not wrapped in a group:
             # the background tasks never raise (they record their failure).
@@ -230,27 +232,28 @@ class Client:
             self._fail(ConnectionLost(f"connection lost: {e}"))
 
     def _protocol_error(self, error: ProtocolError) -> None:
+        """The server broke the protocol (or we did): close, after an ERROR frame that
+        says why when it was the server."""
         if isinstance(error, RemoteProtocolError) and self._error is None:
-            try:  # best effort: tell the server why, before closing
-                self._output += self.codec.send(Error(str(error)))
-                self._output_ready.unpark_all()
-            except ProtocolError:
-                pass
-        self._fail(ConnectionLost(f"protocol error: {error}"))
+            self._write(self.codec.send(Error(str(error))))
+        self._fail(ConnectionLost(f"protocol error: {error}"), flush=True)
 
-    def _fail(self, error: BaseException) -> None:
-        """The connection is over: every waiting and later call raises ``error``."""
+    def _fail(self, error: BaseException, *, flush: bool = False) -> None:
+        """The connection is over: every waiting and later call raises ``error``.
+
+        ``flush``: what is queued (our last acks, an ERROR frame) is written first,
+        within a second; else the background tasks stop at once.
+        """
         if self._error is not None:
             return
         self._error = error
         self._inbox_send.close()
         self._changed.unpark_all()
-        if isinstance(error, ServerError | ConnectionLost) or not self._output:
-            self._scope.cancel()
-        else:
-            # Closed by us: let the writer flush the last acks (briefly), then stop.
-            self._scope.deadline = trio.current_time() + 1.0
+        if flush and self._output:
+            self._scope.deadline = trio.current_time() + FLUSH_TIMEOUT
             self._output_ready.unpark_all()
+        else:
+            self._scope.cancel()
 
     def _check(self) -> None:
         if self._error is not None:
@@ -297,7 +300,7 @@ class Client:
         while True:
             while not self._output:
                 if self._error is not None:
-                    self._scope.cancel()  # closed by us, every ack flushed
+                    self._scope.cancel()  # closing, and everything queued was written
                 await self._output_ready.park()
             data = bytes(self._output)
             self._output.clear()

@@ -18,7 +18,12 @@ import trio
 from documented import python_examples
 from harness import host_port, running_gateway
 
+from gateway.sdk import NEED_DATA
 from protocols.micromessage import Client, ConnectionLost, Received, ServerError
+from protocols.micromessage.codec import ServerCodec
+from protocols.micromessage.events import Established, Offered
+from protocols.micromessage.frames import FrameDecoder
+from protocols.micromessage.plugin import server_settings
 
 GUARD = 5.0  # seconds any one expected event may take
 QUIET = 0.3  # seconds in which an unexpected message would have arrived
@@ -312,3 +317,43 @@ async def test_the_docs_example_runs() -> None:
         flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
         with trio.fail_after(GUARD):
             await eval(compile(code, example.where, "exec", flags=flags), {})
+
+
+async def serve_handshake(stream: trio.SocketStream) -> None:
+    """A server's side of the handshake, with the listener's settings."""
+    options = {"identity": "fake", "max_window": 10, "ack_expire": 0.5, "require": []}
+    codec = ServerCodec(server_settings(options))
+    while True:
+        event = codec.next_event()
+        if event is NEED_DATA:
+            codec.receive_data(await stream.receive_some())
+        elif isinstance(event, Offered):
+            await stream.send_all(codec.send(event.answer))
+        elif isinstance(event, Established):
+            return
+
+
+async def test_a_server_breaking_the_protocol_gets_an_error_frame() -> None:
+    (listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listener.socket.getsockname()[1]
+    replies: list[object] = []
+
+    async def broken_server() -> None:
+        stream = await listener.accept()
+        await serve_handshake(stream)
+        await stream.send_all(b"\xe0")  # reserved flag bits
+        decoder = FrameDecoder()
+        while (data := await stream.receive_some()) and not replies:
+            decoder.feed(data)
+            while (frame := decoder.next_frame()) is not None:
+                replies.append(frame)
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(broken_server)
+        async with await Client.connect("127.0.0.1", port) as client:
+            with trio.fail_after(GUARD), pytest.raises(ConnectionLost, match="protocol error"):
+                await client.receive()
+    await listener.aclose()
+    (error,) = replies
+    assert "reserved" in error.message  # type: ignore[attr-defined]
