@@ -234,30 +234,43 @@ class Received(enum.Enum):
     ACKED = "acked"
 
 
-class _Outstanding:
-    """One sent MESSAGE frame awaiting its ack."""
+class _Run:
+    """MESSAGE frames sent together (one write), awaiting their acks.
 
-    __slots__ = ("sent_at", "seq", "settled", "wire")
+    ``wires[start:]`` are outstanding; ``first`` is the seq of ``wires[0]``.
+    """
 
-    def __init__(self, seq: int, wire: bytes, sent_at: float) -> None:
-        self.seq = seq
-        self.wire = wire
+    __slots__ = ("first", "nbytes", "sent_at", "settled", "start", "wires")
+
+    def __init__(self, first: int, wires: list[bytes], sent_at: float) -> None:
+        self.first = first
+        self.wires = wires
+        self.start = 0
         self.sent_at = sent_at
         self.settled = False
+        self.nbytes = sum(map(len, wires))
+
+    def __len__(self) -> int:
+        return len(self.wires) - self.start
+
+    @property
+    def oldest(self) -> int:
+        return SEQUENCE.after(self.first, self.start)
 
 
 class SendWindow:
     """The sending side of one direction: outstanding frames, acks, resends.
 
-    Frames are kept twice: in send order (which is seq order, so a
-    cumulative ack settles a prefix) and in resend-clock order (resent frames
-    move to the back, so the due ones are always a prefix). Settled frames
-    leave the clock queue lazily; it is compacted when they outnumber the
-    outstanding ones, so every call is O(1) amortized per frame it touches.
+    Frames are kept in runs, the frames of one write together, so that a
+    batch costs one object, not one per frame. Runs are kept twice: in send
+    order (which is seq order, so a cumulative ack settles a prefix, the last
+    run perhaps in part) and in resend-clock order (resent runs move to the
+    back, so the due ones are always a prefix). Settled runs leave the clock
+    queue lazily; it is compacted when they outnumber the outstanding ones.
     ``now`` values never go back (a monotonic clock, in seconds).
     """
 
-    __slots__ = ("_bytes", "_clock", "_frames", "_stale", "next_seq", "settings")
+    __slots__ = ("_bytes", "_clock", "_count", "_runs", "_stale", "next_seq", "settings")
 
     def __init__(self, settings: AckSettings, *, start: int = 1) -> None:
         if start not in SEQUENCE:
@@ -265,18 +278,19 @@ class SendWindow:
         self.settings = settings
         #: The seq the next new MESSAGE must carry.
         self.next_seq = start
-        self._frames: deque[_Outstanding] = deque()
-        self._clock: deque[_Outstanding] = deque()
+        self._runs: deque[_Run] = deque()
+        self._clock: deque[_Run] = deque()
+        self._count = 0
         self._stale = 0
         self._bytes = 0
 
     def __len__(self) -> int:
-        return len(self._frames)
+        return self._count
 
     @property
     def room(self) -> int:
         """How many new MESSAGE frames may go out before an ack."""
-        return self.settings.max_count - len(self._frames)
+        return self.settings.max_count - self._count
 
     @property
     def outstanding_bytes(self) -> int:
@@ -285,7 +299,8 @@ class SendWindow:
 
     def outstanding(self) -> list[int]:
         """The unacked seqs, in send order."""
-        return [frame.seq for frame in self._frames]
+        after = SEQUENCE.after
+        return [after(run.first, i) for run in self._runs for i in range(run.start, len(run.wires))]
 
     def sent(self, seq: int, wire: bytes, now: float) -> None:
         """Record a new MESSAGE frame ``wire`` carrying ``seq``, sent at ``now``."""
@@ -293,42 +308,49 @@ class SendWindow:
             raise LocalProtocolError(f"ack window of {self.settings.max_count} full")
         if seq != self.next_seq:
             raise LocalProtocolError(f"MESSAGE seq {seq}: the next one is {self.next_seq}")
-        frame = _Outstanding(seq, wire, now)
-        self._frames.append(frame)
-        self._clock.append(frame)
-        self._bytes += len(wire)
-        self.next_seq = SEQUENCE.after(seq)
+        self.sent_run([wire], now)
 
     def sent_run(self, wires: list[bytes], now: float) -> None:
         """Record new MESSAGE frames carrying the next ``len(wires)`` seqs, sent at ``now``
-        (what :meth:`sent` does for each, checked once)."""
+        (what :meth:`sent` does for each, at the cost of one)."""
+        if not wires:
+            return
         if len(wires) > self.room:
             raise LocalProtocolError(f"ack window of {self.settings.max_count} full")
-        seq = self.next_seq
-        frames, clock, after = self._frames, self._clock, SEQUENCE.after
-        for wire in wires:
-            frame = _Outstanding(seq, wire, now)
-            frames.append(frame)
-            clock.append(frame)
-            self._bytes += len(wire)
-            seq = after(seq)
-        self.next_seq = seq
+        run = _Run(self.next_seq, wires, now)
+        self._runs.append(run)
+        self._clock.append(run)
+        self._count += len(wires)
+        self._bytes += run.nbytes
+        self.next_seq = SEQUENCE.after(self.next_seq, len(wires))
 
     def acked(self, seq: int) -> int:
         """Settle every outstanding frame up to ``seq``: how many (0: not outstanding)."""
-        if seq not in SEQUENCE or not self._frames:
+        runs = self._runs
+        if seq not in SEQUENCE or not runs:
             return 0
-        count = SEQUENCE.distance(self._frames[0].seq, seq) + 1
-        if count > len(self._frames):
+        count = SEQUENCE.distance(runs[0].oldest, seq) + 1
+        if count > self._count:
             return 0
-        for _ in range(count):
-            frame = self._frames.popleft()
-            frame.settled = True
-            self._bytes -= len(frame.wire)
-        self._stale += count
+        self._count -= count
+        left = count
+        while left:
+            run = runs[0]
+            if len(run) <= left:
+                left -= len(run)
+                runs.popleft()
+                run.settled = True
+                self._bytes -= run.nbytes
+                self._stale += 1
+                continue
+            gone = sum(map(len, run.wires[run.start : run.start + left]))
+            run.start += left
+            run.nbytes -= gone
+            self._bytes -= gone
+            break
         self._drop_settled()
-        if self._stale > len(self._frames):
-            self._clock = deque(frame for frame in self._clock if not frame.settled)
+        if self._stale > len(runs):
+            self._clock = deque(run for run in self._clock if not run.settled)
             self._stale = 0
         return count
 
@@ -342,21 +364,23 @@ class SendWindow:
         """The frames to send again at ``now`` (unacked for ``expire``), in seq order;
         their clocks restart at ``now``."""
         expire, clock = self.settings.expire, self._clock
-        resend: list[_Outstanding] = []
+        resend: list[_Run] = []
         while clock and (clock[0].settled or clock[0].sent_at + expire <= now):
-            frame = clock.popleft()
-            if frame.settled:
+            run = clock.popleft()
+            if run.settled:
                 self._stale -= 1
             else:
-                resend.append(frame)
+                resend.append(run)
         if not resend:
             return []
-        oldest = self._frames[0].seq
-        resend.sort(key=lambda frame: SEQUENCE.distance(oldest, frame.seq))
-        for frame in resend:
-            frame.sent_at = now
-            clock.append(frame)
-        return [frame.wire for frame in resend]
+        oldest = self._runs[0].oldest
+        resend.sort(key=lambda run: SEQUENCE.distance(oldest, run.oldest))
+        out: list[bytes] = []
+        for run in resend:
+            run.sent_at = now
+            clock.append(run)
+            out += run.wires[run.start :]
+        return out
 
     @property
     def next_due(self) -> float | None:
