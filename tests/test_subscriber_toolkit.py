@@ -181,6 +181,24 @@ def test_a_cumulative_ack_pops_exactly_the_tags_up_to_it(size: int, data: st.Dat
     assert list(table) == [tags[i] for i in range(through + 1, n) if i not in settled_early]
 
 
+@given(st.one_of(st.none(), st.integers(2, 300)), st.data())
+def test_add_many_hands_out_what_add_would(size: int | None, data: st.DataObject) -> None:
+    space = SerialSpace(1, size)
+    start = data.draw(st.integers(1, size or 1000), "start")
+    limit = 50 if space.max_window is None else space.max_window
+    one, many = TagTable[str](space, start), TagTable[str](space, start)
+    for _ in range(data.draw(st.integers(1, 4), "batches")):
+        n = data.draw(st.integers(0, limit - len(one)), "n")
+        hub_tags = list(range(n))
+        calls = [i % 2 == 0 for i in range(n)]
+        expected = [one.add("feed", h, c) for h, c in zip(hub_tags, calls, strict=True)]
+        assert many.add_many("feed", hub_tags, calls) == expected
+        assert list(many) == list(one)
+        if len(one) and data.draw(st.booleans(), "ack"):
+            newest = list(one)[-1]
+            assert many.pop_through(newest) == one.pop_through(newest)
+
+
 def test_a_cumulative_ack_of_a_tag_never_handed_out_is_refused() -> None:
     table: TagTable[str] = TagTable(MICROMESSAGE2, 65535)
     with pytest.raises(UnknownTag, match="never handed out delivery tag 1"):

@@ -434,7 +434,9 @@ class Subscriber:
         self._spend(feed, len(batch))
         add = self.tags.add
         if feed.send_many is not None:
-            tags = [add(feed, d.tag, d.reply_by is not None) for d in batch]
+            tags = self.tags.add_many(
+                feed, [d.tag for d in batch], [d.reply_by is not None for d in batch]
+            )
             feed.outstanding += len(tags)
             await feed.send_many(tags, batch)
             if feed.flush is not None:

@@ -147,6 +147,27 @@ class TagTable(Generic[Owner]):
         self._newest = tag
         return tag
 
+    def add_many(self, owner: Owner, hub_tags: list[int], calls: list[bool]) -> list[int]:
+        """:meth:`add` for each of ``hub_tags`` (with its ``calls`` flag), at once."""
+        n = len(hub_tags)
+        if not n:
+            return []
+        first = self._next
+        space = self.space
+        entries = self._entries
+        if self._wraps:
+            base, size = space.first, space.size
+            assert size is not None
+            tags = [base + (first - base + i) % size for i in range(n)]
+            if not entries.keys().isdisjoint(tags):  # a window larger than the space allows
+                raise OverflowError("a peer tag is still outstanding: the window is too large")
+        else:
+            tags = list(range(first, first + n))
+        entries.update(zip(tags, zip([owner] * n, hub_tags, calls, strict=True), strict=True))
+        self._newest = tags[-1]
+        self._next = space.after(tags[-1])
+        return tags
+
     def pop(self, tag: int, *, call: bool = False) -> tuple[Owner, int]:
         """Forget ``tag`` (settled by the peer): its owner and hub tag.
 
@@ -170,16 +191,17 @@ class TagTable(Generic[Owner]):
         if newest is None or space.precedes(newest, tag):
             raise UnknownTag(tag, "never handed out")
         entries = self._entries
+        size = space.size
         through: list[int] = []
-        for t in entries:  # oldest first
-            if not space.precedes_or_equals(t, tag):
+        for t in entries:  # oldest first; serial order inlined (this runs per tag)
+            if size is None:
+                if t > tag:
+                    break
+            elif t != tag and not 0 < (tag - t) % size < size - (tag - t) % size:
                 break
             through.append(t)
-        out: list[tuple[Owner, int]] = []
-        for t in through:
-            owner, hub_tag, _ = entries.pop(t)
-            out.append((owner, hub_tag))
-        return out
+        pop = entries.pop
+        return [pop(t)[:2] for t in through]
 
     def drop(self, owner: Owner) -> int:
         """Forget every tag of ``owner`` (its subscription closed); how many there were."""
