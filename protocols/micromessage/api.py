@@ -30,7 +30,10 @@ Delivery guarantees (at least once, both ways):
 Failures end the connection: an ERROR frame from the server makes the
 pending call, and every later one, raise :class:`ServerError`; a closed or
 broken connection, or bytes that break the protocol, raise
-:class:`ConnectionLost`. A client does not reconnect by itself.
+:class:`ConnectionLost` (the server gets an ERROR frame saying why, in the
+last case). A client does not reconnect by itself. Leaving the ``async
+with`` writes what is queued (the last acks) within :data:`FLUSH_TIMEOUT`,
+then closes; later calls raise ``trio.ClosedResourceError``.
 
 One background reader task feeds the codec, one writer task sends what the
 calls queued (so :meth:`Client.ack` need not await), one task resends what
@@ -412,7 +415,11 @@ class Client:
         await self._flush()
 
     async def receive(self) -> Received:
-        """The next message delivered (waits for one); ack it once handled."""
+        """The next message delivered (waits for one); ack it once handled.
+
+        Once the connection failed this raises at once, even if messages were still
+        queued: they were not acked, so the server delivers them again.
+        """
         self._check()
         try:
             return await self._inbox.receive()
