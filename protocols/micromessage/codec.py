@@ -71,7 +71,7 @@ from .events import (
     Offered,
     TypeName,
 )
-from .frames import FrameDecoder, encode_frame, encode_message
+from .frames import FrameDecoder, encode_frame, encode_message, encode_messages
 from .handshake import (
     MAJOR,
     MAX_HANDSHAKE,
@@ -347,6 +347,26 @@ class _Codec(Lifecycle):
 
     def _send_message(self, frame: Message) -> bytes:
         return self.send_messages((frame,))
+
+    def send_bodies(self, items: Sequence[tuple[str, str, bytes]]) -> bytes:
+        """MESSAGE frames for ``items`` of (destination, properties, payload), numbered
+        from :attr:`next_seq`: what :meth:`send_messages` makes of them, made faster."""
+        self._check_send("send Message")
+        if self.phase is not Phase.FRAMES:
+            raise LocalProtocolError("send Message: the handshake is not done")
+        window = self.send_window
+        if window is not None and len(items) > window.room:
+            raise LocalProtocolError(
+                f"send Message: the ack window of {window.settings.max_count} full"
+                f" ({len(items)} frames, room for {window.room})"
+            )
+        first = self.next_seq
+        wires = encode_messages(first, items, max_fragment=self.limits.max_fragment)
+        if window is None:
+            self._seq = SEQUENCE.after(first, len(items))
+        else:
+            window.sent_run(wires, self.clock())
+        return b"".join(wires)
 
     def send_messages(self, frames: Sequence[Message]) -> bytes:
         """The bytes of several MESSAGE frames, as ``send`` makes them one by one (each

@@ -22,6 +22,7 @@ refused from its length field, before its bytes arrive.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -44,7 +45,7 @@ from .events import (
     Message,
 )
 
-__all__ = ["FrameDecoder", "encode_frame", "encode_message"]
+__all__ = ["FrameDecoder", "encode_frame", "encode_message", "encode_messages"]
 
 _U16: Final = struct.Struct(">H")
 _U32: Final = struct.Struct(">I")
@@ -136,6 +137,32 @@ def encode_message(frame: Message, *, max_fragment: int = MAX_FRAGMENT) -> bytes
     head = _HEAD.pack(_LARGE if large else 0, seq, len(dest))
     length = _U32.pack(n) if large else bytes((n,))
     return b"".join((head, dest, _U16.pack(len(props)), props, length, payload))
+
+
+def encode_messages(
+    first: int, items: Iterable[tuple[str, str, bytes]], *, max_fragment: int = MAX_FRAGMENT
+) -> list[bytes]:
+    """The bytes of MESSAGE frames numbered from ``first`` (wrapping) for ``items`` of
+    (destination, properties, payload): :func:`encode_message` for each, made faster."""
+    out: list[bytes] = []
+    seq = first
+    last_dest: str | None = None
+    dest = b""
+    for destination, properties, payload in items:
+        n = len(payload)
+        if n > max_fragment or seq not in SEQUENCE:
+            message = Message(seq, destination, properties, payload)
+            out.append(encode_frame(message, max_fragment=max_fragment))
+        else:
+            if destination != last_dest:
+                dest, last_dest = _ascii(destination, "destination", 255), destination
+            props = _ascii(properties, "properties", 65535) if properties else b""
+            large = n > MAX_SMALL_LENGTH
+            head = _HEAD.pack(_LARGE if large else 0, seq, len(dest))
+            length = _U32.pack(n) if large else bytes((n,))
+            out.append(b"".join((head, dest, _U16.pack(len(props)), props, length, payload)))
+        seq = seq + 1 if seq < 0xFFFF else 1
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ from gateway.sdk import (
 )
 
 from .codec import ClientCodec, ServerCodec
-from .events import SEQUENCE, Ack, Duplicate, Error, Extension, Messages, TypeName
+from .events import Ack, Duplicate, Error, Extension, Messages, TypeName
 from .events import Message as Frame
 from .properties import format_properties, parse_properties
 
@@ -184,9 +184,7 @@ class PeerSession(Session):
         await self._turn_for(seqs[0] if seqs else None, len(messages))
         codec = self.codec
         out: list[bytes] = []
-        frames: list[Frame] = []
-        n = codec.next_seq
-        after = SEQUENCE.after
+        items: list[tuple[str, str, bytes]] = []
         dotnet = codec.has("dotnet")
         for m in messages:
             headers = m.headers
@@ -194,14 +192,13 @@ class PeerSession(Session):
             if headers:
                 kind = headers.get(TYPE_HEADER)
                 if dotnet and kind is not None and kind != self.type_out:
-                    out.append(codec.send_messages(frames))
-                    frames = []
+                    out.append(codec.send_bodies(items))
+                    items = []
                     self.type_out = kind
                     out.append(codec.send(TypeName(kind)))
                 props = format_properties(headers)
-            frames.append(Frame(n, m.destination, props, m.body))
-            n = after(n)
-        out.append(codec.send_messages(frames))
+            items.append((m.destination, props, m.body))
+        out.append(codec.send_bodies(items))
         self.write(b"".join(out))
         self._wake()
 
