@@ -64,13 +64,16 @@ class Rig:
     shutdown: trio.Event = field(default_factory=trio.Event)
     served: int = 0
 
-    async def connect(self, *, window: int = 100, subscribes: bool = True) -> Peer:
-        """A client connection, its handshake done (``window``: the max-count asked)."""
+    async def connect(
+        self, *, window: int = 100, subscribes: bool = True, expire: float = EXPIRE
+    ) -> Peer:
+        """A client connection, its handshake done (``window``: the max-count asked,
+        ``expire``: the expire-ms asked, in seconds)."""
         near, far = trio.testing.memory_stream_pair()
         self.served += 1
         info = ConnectionInfo("micromessage", "mm", f"peer{self.served}")
         conn = ServerConnection(far, info, self.settings, HubFacade(self.hub), self.shutdown)
-        peer = Peer(near, window=window, subscribes=subscribes)
+        peer = Peer(near, window=window, subscribes=subscribes, expire=expire)
         self.nursery.start_soon(peer.serve, conn)
         await peer.handshake()
         return peer
@@ -95,9 +98,11 @@ async def rig(*destinations: dict[str, Any], **options: Any) -> AsyncIterator[Ri
 class Peer:
     """The client end: a raw ClientCodec over a memory stream, driven by hand."""
 
-    def __init__(self, stream: trio.abc.Stream, *, window: int, subscribes: bool) -> None:
+    def __init__(
+        self, stream: trio.abc.Stream, *, window: int, subscribes: bool, expire: float = EXPIRE
+    ) -> None:
         self.stream = stream
-        opts = {"identity": "cl", "ack_expire": EXPIRE, "window": window, "max_payload": 1 << 24}
+        opts = {"identity": "cl", "ack_expire": expire, "window": window, "max_payload": 1 << 24}
         self.codec = ClientCodec(client_settings(opts, subscribes), clock=trio.current_time)
         self.events: list[Any] = []  # received and not yet taken, in order
         self.raw = bytearray()  # every byte received since the handshake
@@ -283,6 +288,18 @@ async def test_unacked_frames_are_resent_after_the_expiry_then_no_more_once_acke
         assert len(sub.raw) == 2 * len(first)
 
 
+async def test_resends_follow_the_expiry_the_client_asked_for(autojump_clock: Any) -> None:
+    async with rig() as r:
+        sub = await r.connect(window=3, expire=2.0)  # the listener's own is 0.5 s
+        await subscribe(sub, "news")
+        await publish_local(r.hub, "news", [b"a"])
+        await sub.frames(1)
+        sent_at, first = trio.current_time(), bytes(sub.raw)
+        await sub.until(lambda: len(sub.raw) > len(first))
+        assert trio.current_time() - sent_at == pytest.approx(2.0)
+        assert bytes(sub.raw) == first * 2
+
+
 async def test_a_partial_ack_stops_the_resends_of_what_it_covers(autojump_clock: Any) -> None:
     async with rig() as r:
         sub = await r.connect(window=3)
@@ -435,6 +452,28 @@ async def test_a_failed_receipt_is_not_acked_and_the_resend_is_published(
         assert [a.seq for a in await pub.acks()] == [2]
 
 
+async def test_a_failed_batch_is_resent_with_the_batches_after_it(autojump_clock: Any) -> None:
+    async with rig() as r:
+        reader = r.hub.subscribe("news", "reader")
+        pub = await r.connect()
+        await pub.publish("news", b"x")
+        (x,) = await take(reader, 1)
+        await pub.publish("news", b"y")
+        (y,) = await take(reader, 1)
+        reader.ack(y.tag)  # the later batch is kept...
+        reader.nack(x.tag, requeue=False)  # ...the earlier one fails
+        await pub.pump(EXPIRE * 0.9)
+        assert pub.take(Ack) == []  # no ack covers y either: acks are cumulative
+        await trio.sleep(EXPIRE * 0.1)
+        assert await pub.resend_due()  # x and y again, both taken as new
+        again = await take(reader, 2)
+        assert [d.message.body for d in again] == [b"x", b"y"]  # y at least once
+        reader.ack_many(d.tag for d in again)
+        acks = await pub.acks()
+        await pub.pump(EXPIRE / 10)
+        assert [a.seq for a in acks + pub.take(Ack)][-1] == 2
+
+
 async def test_a_message_over_the_destinations_buffer_is_rejected_by_an_error_frame(
     autojump_clock: Any,
 ) -> None:
@@ -532,7 +571,7 @@ async def test_a_bad_filter_is_an_error_frame_naming_it_then_close(autojump_cloc
         assert isinstance(events[-1], ConnectionClosed)
 
 
-async def test_unsubscribe_stops_deliveries_and_gives_back_what_is_unacked(
+async def test_unsubscribe_stops_deliveries_and_what_stays_unacked_goes_back(
     autojump_clock: Any,
 ) -> None:
     async with rig() as r:
@@ -547,13 +586,13 @@ async def test_unsubscribe_stops_deliveries_and_gives_back_what_is_unacked(
         await publish_local(r.hub, "news", [b"later"])
         assert await sub.quiet(EXPIRE * 2.5) == []  # no new deliveries
         # The frames we left unacked keep their sequence numbers: they are resent (the
-        # window still counts them) until we ack them, and are nothing new.
+        # window still counts them), and are nothing new.
         resend = b"".join(encode_message(f) for f in got[1:])
         assert bytes(sub.raw[before:]) == resend * 2
-        await sub.ack(got[-1].seq)
-        await sub.pump(EXPIRE * 3)
-        assert len(sub.raw) == before + 2 * len(resend)
         assert not sub.ended.is_set()
+        await sub.stream.aclose()  # we leave without acking them
+        with trio.fail_after(GUARD):
+            await sub.ended.wait()
         other = r.hub.subscribe("news", "g")
         back = await take(other, 3)
         assert [(d.message.body, d.redelivered) for d in back] == [
@@ -616,3 +655,54 @@ async def test_the_sequence_wraps_with_two_subscriptions_interleaving(
         await publish_local(r.hub, "b", [b"next"])
         (nxt,) = await sub.frames(1)
         assert (nxt.seq, nxt.payload) == (16, b"next")
+
+
+async def test_an_ack_across_an_unsubscribed_subscriptions_frames_settles_the_others(
+    autojump_clock: Any,
+) -> None:
+    async with rig() as r:
+        sub = await r.connect(window=10)
+        await subscribe(sub, "a")
+        await subscribe(sub, "b")
+        await publish_local(r.hub, "a", [b"a1", b"a2"])
+        assert [f.seq for f in await sub.frames(2)] == [1, 2]
+        receipt = await publish_local(r.hub, "b", [b"b1"])
+        assert [f.seq for f in await sub.frames(1)] == [3]
+        await sub.send(Unsubscribe("a"))  # 1 and 2 go back to the hub unacked
+        await trio.testing.wait_all_tasks_blocked()
+        await sub.ack(3)  # covers 1 and 2 (gone) and 3 (b's)
+        await sub.pump(EXPIRE / 10)
+        assert receipt.done()  # b's delivery is acked at the hub
+        assert not sub.ended.is_set()
+
+
+async def test_while_draining_acks_still_count_and_new_messages_are_not_taken(
+    autojump_clock: Any,
+) -> None:
+    async with rig({"name": "store", "retain": "1MiB"}) as r:
+        reader = r.hub.subscribe("topic", "reader")
+        sub = await r.connect()
+        await subscribe(sub, "news")
+        pub = await r.connect()
+        await pub.publish("topic", b"owed")  # its ack waits for the reader
+        (owed,) = await take(reader, 1)
+        receipt = await publish_local(r.hub, "news", [b"before"])
+        (frame,) = await sub.frames(1)
+        r.shutdown.set()  # the gateway drains
+        await trio.testing.wait_all_tasks_blocked()
+        await pub.publish("store", b"late")
+        await pub.pump(EXPIRE / 10)
+        assert pub.take(Ack) == []
+        reader.ack(owed.tag)
+        assert [a.seq for a in await pub.acks()] == [1]  # what was owed, not the late one
+        with trio.fail_after(GUARD):
+            await pub.ended.wait()
+        stored = r.hub.subscribe("store", "r", start="earliest").take()
+        assert stored == []  # not taken: the client sends it again on its next connection
+        await publish_local(r.hub, "news", [b"during"])
+        assert await sub.quiet(EXPIRE / 10) == []  # no new deliveries
+        await sub.ack(frame.seq)  # the subscriber's ack still settles its delivery
+        await sub.pump(EXPIRE / 10)
+        assert receipt.done()
+        with trio.fail_after(GUARD):
+            await sub.ended.wait()  # nothing owed: the connection ends

@@ -48,6 +48,7 @@ from protocols.micromessage.plugin import client_settings, server_settings
 
 EXPIRE = 0.5  # the upstream's ack_expire (s)
 GUARD = 30.0  # mock seconds any expected event may take
+HANDSHAKE = 3.0  # the in-process upstream's handshake_timeout (s)
 UPSTREAM = "upstream:hq"
 
 
@@ -63,6 +64,9 @@ class FakeServer:
         self.wire = b""  # the bytes of our last delivery
         self.closed = False
         self.stopped = trio.Event()  # set by stop(): whoever serves the stream closes it
+        #: In-process: the client session's end, and the error it ended with.
+        self.session_ended = trio.Event()
+        self.ended_by: BaseException | None = None
 
     async def _read(self) -> bool:
         try:
@@ -154,8 +158,10 @@ class Rig:
         window: int = 100,
         max_window: int = 1000,
         subscriptions: Sequence[RemoteSubscription] = (),
+        handshake: bool = True,
     ) -> FakeServer:
-        """A connection of the upstream to a fresh fake server, its handshake done."""
+        """A connection of the upstream to a fresh fake server, its handshake done (unless
+        ``handshake`` is False: then the server has read nothing yet)."""
         near, far = trio.testing.memory_stream_pair()
         server = FakeServer(far, max_window=max_window)
         opts = {"identity": "gw", "ack_expire": EXPIRE, "window": window}
@@ -176,13 +182,19 @@ class Rig:
                         egress=egress,
                         subscriptions=subscriptions,
                         log=logging.getLogger("test.upstream"),
+                        handshake_timeout=HANDSHAKE,
                     ).run()
-                except* (trio.BrokenResourceError, RemoteProtocolError):
-                    pass  # the server went away or broke the protocol: the runtime reconnects
-                await trio.aclose_forcefully(near)
+                except* (trio.BrokenResourceError, RemoteProtocolError, trio.TooSlowError) as eg:
+                    # The server went away, broke the protocol or was too slow: the
+                    # runtime logs it and reconnects.
+                    server.ended_by = eg.exceptions[0]
+                finally:
+                    server.session_ended.set()
+                    await trio.aclose_forcefully(near)
 
         self.nursery.start_soon(session)
-        await server.handshake()
+        if handshake:
+            await server.handshake()
         return server
 
 
@@ -289,6 +301,49 @@ async def test_egress_sends_again_what_was_unacked_when_the_connection_was_lost(
         assert [f.seq for f in got] == [1, 2, 3, 4]  # a new connection counts from 1
         await again.ack(4)
         await eventually(lambda: all(settled(receipts)))
+
+
+async def test_an_ack_for_nothing_outstanding_is_ignored(autojump_clock: Any) -> None:
+    async with rig() as r:
+        server = await r.connect(window=5)
+        receipts = await publish_each(r.hub, UPSTREAM, [b"a", b"b"])
+        await server.frames(2)
+        await server.ack(40)  # never sent
+        await server.pump(EXPIRE / 10)
+        assert not any(settled(receipts))
+        assert not server.session_ended.is_set()
+        await server.ack(2)
+        await eventually(lambda: all(settled(receipts)))
+
+
+async def test_no_answer_within_the_handshake_timeout_ends_the_connection(
+    autojump_clock: Any,
+) -> None:
+    async with rig() as r:
+        server = await r.connect(handshake=False)
+        start = trio.current_time()
+        with trio.fail_after(GUARD):
+            await server.session_ended.wait()
+        assert trio.current_time() - start == pytest.approx(HANDSHAKE)
+        assert isinstance(server.ended_by, trio.TooSlowError)
+
+
+async def test_egress_and_ingress_share_the_connection_with_a_window_each_way(
+    autojump_clock: Any,
+) -> None:
+    async with rig() as r:
+        reader = r.hub.subscribe("local", "reader")
+        server = await r.connect(window=3, subscriptions=[RemoteSubscription("alerts", "local")])
+        receipts = await publish_each(r.hub, UPSTREAM, [b"out%d" % i for i in range(5)])
+        await server.deliver("alerts", b"in0", b"in1", b"in2")
+        assert bodies(await server.frames(3)) == [b"out0", b"out1", b"out2"]
+        got = await take(reader, 3)
+        reader.ack_many(d.tag for d in got)
+        assert await server.acks(EXPIRE / 10) == [3]  # ingress acked; egress still full
+        assert await server.quiet(EXPIRE / 10) == []
+        await server.ack(3)
+        assert bodies(await server.frames(2)) == [b"out3", b"out4"]
+        assert settled(receipts) == [True] * 3 + [False] * 2
 
 
 # -- ingress ---------------------------------------------------------------------------------
