@@ -284,7 +284,7 @@ class Client:
                 self._changed.unpark_all()
         elif isinstance(event, Duplicate):
             if event.acked:  # our ack was lost or late: say it again
-                self._send(Ack(event.ack))
+                self._write(self.codec.reack(event))
         elif isinstance(event, TypeName):
             self._type_in = event.name
         elif isinstance(event, Error):

@@ -21,7 +21,8 @@ An ERROR frame may replace any handshake step; it is returned as
   all the codec holds whole (one read's worth), so a receiver hands them off
   together and acks the last once they are safe (``send(Ack(seq))``);
   resent ones it returned before come out as :class:`~.events.Duplicate`
-  (the driver re-acks those it had acked) or are dropped (their ack is coming);
+  (the driver re-acks those it had acked: :meth:`reack`) or are dropped
+  (their ack is coming);
 * ack extension frames settle our outstanding MESSAGE frames
   (:class:`~.events.Ack` with how many); ``dotnet`` frames are
   :class:`~.events.TypeName`; COMMAND frames (server, ``pubsub`` negotiated)
@@ -399,8 +400,15 @@ class _Codec(Lifecycle):
         if window is None:
             raise LocalProtocolError("send Ack: no ack extension was negotiated")
         if not window.acked(seq):
-            return b""  # rewound past it: those messages are to be resent, not acked
+            return b""  # acked already, or rewound past: nothing (more) to ack
         return encode_frame(Extension(self._ack_id, _U16.pack(seq)))
+
+    def reack(self, event: Duplicate) -> bytes:
+        """Our ack again, for a resend of what we acked (the peer missed the ack)."""
+        self._check_send("send Ack")
+        if self.receive_window is None or not event.acked:
+            return b""
+        return encode_frame(Extension(self._ack_id, _U16.pack(event.ack)))
 
     def due(self) -> bytes:
         """The MESSAGE frames not acked within the expiry, to send again now (b"": none)."""

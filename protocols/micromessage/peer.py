@@ -101,7 +101,7 @@ class PeerSession(Session):
                 self._wake()
                 self.peer_acked(event.seq, event.settled)
         elif isinstance(event, Duplicate):
-            self.write(self.codec.send(Ack(event.ack)))
+            self.write(self.codec.reack(event))
         elif isinstance(event, TypeName):
             self.type_in = event.name
         elif isinstance(event, Extension):

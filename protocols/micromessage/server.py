@@ -82,6 +82,8 @@ class ServerSession(PeerSession):
         self.handshake_timeout = handshake_timeout
         #: Subscriptions by destination.
         self.feeds: dict[str, Feed] = {}
+        #: Unsubscribed ones whose deliveries the client has yet to ack.
+        self.stopped: list[Feed] = []
 
     def started(self) -> None:
         self.set_deadline(
@@ -150,10 +152,21 @@ class ServerSession(PeerSession):
         )
 
     def _unsubscribe(self, cmd: Unsubscribe) -> None:
+        """Stop delivering; what was delivered stays for the client to ack (the
+        subscription closes once it has, or when the connection goes)."""
         feed = self.feeds.pop(cmd.destination, None)
         if feed is None:
             raise RemoteProtocolError(f"unsubscribe: not subscribed to {cmd.destination!r}")
-        feed.close()
+        feed.stop()
+        self.stopped.append(feed)
+        self._close_done()
+
+    def _close_done(self) -> None:
+        """Close the unsubscribed feeds whose deliveries are all settled."""
+        if self.stopped:
+            for feed in [f for f in self.stopped if f.done]:
+                self.stopped.remove(feed)
+                feed.close()
 
     async def _deliver(self, tag: int, d: Delivery) -> None:
         """One delivery, without an ack window (acked to the hub once written)."""
@@ -173,3 +186,4 @@ class ServerSession(PeerSession):
                 self.subscriber.ack_through(seq)
             except UnknownTag:
                 pass  # its subscription closed: handed back to the hub already
+            self._close_done()

@@ -303,15 +303,6 @@ async def test_gateway_going_away_raises_connection_lost() -> None:
                 client.ack(1)
 
 
-UNSUBSCRIBE_BUG = (
-    "ServerSession._unsubscribe closes the feed at once (Feed.close), handing the deliveries"
-    " not acked yet back to the hub, so the client's ack after it is ignored (UnknownTag) and"
-    " another consumer gets the message again, though Unsubscribe promises that what was"
-    " delivered is still acked; Feed.stop() would keep them for the peer to settle"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=UNSUBSCRIBE_BUG)
 async def test_what_was_delivered_is_still_acked_after_unsubscribe() -> None:
     async with (
         gateway({"name": "jobs", "kind": "queue"}) as (host, port),
