@@ -65,7 +65,11 @@ class Rig:
     served: int = 0
 
     async def connect(
-        self, *, window: int = 100, subscribes: bool = True, expire: float = EXPIRE
+        self,
+        *,
+        window: int = 100,
+        subscribes: bool = True,
+        expire: float = EXPIRE,
     ) -> Peer:
         """A client connection, its handshake done (``window``: the max-count asked,
         ``expire``: the expire-ms asked, in seconds)."""
@@ -99,7 +103,12 @@ class Peer:
     """The client end: a raw ClientCodec over a memory stream, driven by hand."""
 
     def __init__(
-        self, stream: trio.abc.Stream, *, window: int, subscribes: bool, expire: float = EXPIRE
+        self,
+        stream: trio.abc.Stream,
+        *,
+        window: int,
+        subscribes: bool,
+        expire: float = EXPIRE,
     ) -> None:
         self.stream = stream
         opts = {"identity": "cl", "ack_expire": expire, "window": window, "max_payload": 1 << 24}
@@ -262,6 +271,31 @@ async def test_a_client_that_does_not_ack_gets_exactly_the_window(autojump_clock
         more = await sub.frames(5)
         assert [f.seq for f in more] == [6, 7, 8, 9, 10]
         assert bodies(got + more) == [b"m%d" % i for i in range(10)]
+
+
+async def test_the_window_is_the_listeners_max_window_when_the_client_asks_more(
+    autojump_clock: Any,
+) -> None:
+    async with rig(max_window=3) as r:
+        sub = await r.connect(window=10)
+        assert sub.codec.window_room == 3  # granted the lower
+        await subscribe(sub, "news")
+        await publish_local(r.hub, "news", [b"m%d" % i for i in range(5)])
+        assert [f.seq for f in await sub.frames(3)] == [1, 2, 3]
+        assert await sub.quiet(EXPIRE * 3) == []
+
+
+async def test_a_publisher_overrunning_the_window_gets_an_error_frame(
+    autojump_clock: Any,
+) -> None:
+    async with rig(max_window=2) as r:
+        pub = await r.connect()
+        frames = [encode_message(Frame(seq, "news", "", b"x")) for seq in (1, 2, 3)]
+        await pub.stream.send_all(b"".join(frames))  # three, past the codec's window
+        events = await pub.closed()
+        errors = [e for e in events if isinstance(e, Error)]
+        assert len(errors) == 1
+        assert "window" in errors[0].message
 
 
 async def test_unacked_frames_are_resent_after_the_expiry_then_no_more_once_acked(

@@ -303,6 +303,30 @@ async def test_egress_sends_again_what_was_unacked_when_the_connection_was_lost(
         await eventually(lambda: all(settled(receipts)))
 
 
+async def test_egress_acks_settle_the_right_messages_across_the_wrap(
+    autojump_clock: Any,
+) -> None:
+    async with rig() as r:
+        server = await r.connect(window=32767, max_window=32767)
+        sent = 0
+        while sent < 65530:  # fill: the next seq is 65531
+            n = min(8192, 65530 - sent)
+            await r.hub.publish([Message(UPSTREAM, b"f")] * n)
+            got = await server.frames(n)
+            await server.ack(got[-1].seq)
+            sent += n
+        receipts = await publish_each(r.hub, UPSTREAM, [b"w%d" % i for i in range(10)])
+        got = await server.frames(10)
+        assert [f.seq for f in got] == [*range(65531, 65536), *range(1, 6)]
+        assert bodies(got) == [b"w%d" % i for i in range(10)]
+        await server.ack(65535)
+        await eventually(lambda: settled(receipts) == [True] * 5 + [False] * 5)
+        await server.ack(2)  # cumulative across the wrap
+        await eventually(lambda: settled(receipts) == [True] * 7 + [False] * 3)
+        await server.ack(5)
+        await eventually(lambda: all(settled(receipts)))
+
+
 async def test_an_ack_for_nothing_outstanding_is_ignored(autojump_clock: Any) -> None:
     async with rig() as r:
         server = await r.connect(window=5)
