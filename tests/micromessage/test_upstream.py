@@ -487,14 +487,6 @@ async def test_the_upstream_reconnects_and_sends_again_what_was_unacked() -> Non
         nursery.cancel_scope.cancel()
 
 
-REACK_BUG = (
-    "a resend of an acked MESSAGE is never acked again: PeerSession answers the codec's"
-    " Duplicate with codec.send(Ack(event.ack)), and _Codec._send_ack returns b'' because"
-    " ReceiveWindow.acked(seq) refuses the seq acked last (distance 0)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=REACK_BUG)
 async def test_ingress_acks_a_resend_of_what_it_acked_again(autojump_clock: Any) -> None:
     async with rig({"name": "local", "retain": "1MiB"}) as r:
         server = await r.connect(subscriptions=[RemoteSubscription("alerts", "local")])
