@@ -36,10 +36,11 @@ from protocols.micromessage.events import (
     Duplicate,
     Error,
     Established,
+    Extension,
     Messages,
 )
 from protocols.micromessage.events import Message as Frame
-from protocols.micromessage.frames import encode_message
+from protocols.micromessage.frames import encode_frame, encode_message
 from protocols.micromessage.plugin import MicromessagePlugin, client_settings
 
 EXPIRE = 0.5  # the listener's ack_expire (s): what the client below asks for too
@@ -349,6 +350,24 @@ async def test_a_partial_ack_stops_the_resends_of_what_it_covers(autojump_clock:
         assert len(sub.raw) == before + len(encode_message(Frame(3, "news", "", b"c")))
 
 
+async def test_an_ack_for_a_frame_never_sent_is_ignored(autojump_clock: Any) -> None:
+    async with rig() as r:
+        sub = await r.connect(window=5)
+        await subscribe(sub, "news")
+        receipt = await publish_local(r.hub, "news", [b"a", b"b"])
+        await sub.frames(2)
+        assert sub.codec.negotiated is not None
+        assert sub.codec.negotiated.agreement.extension_id("batch-ack") == 1
+        for stray in (40, 65535):  # ahead of what was sent; behind the first
+            await sub.stream.send_all(encode_frame(Extension(1, stray.to_bytes(2, "big"))))
+        await sub.pump(EXPIRE / 10)
+        assert not receipt.done()
+        assert not sub.ended.is_set()
+        await sub.ack(2)
+        await sub.pump(EXPIRE / 10)
+        assert receipt.done()
+
+
 async def test_a_publisher_resend_inside_the_window_is_dropped_and_published_once(
     autojump_clock: Any,
 ) -> None:
@@ -563,6 +582,22 @@ async def test_queue_consumers_each_get_each_message_once(autojump_clock: Any) -
         acks = await pub.acks()
         await pub.pump(EXPIRE / 10)
         assert (acks + pub.take(Ack))[-1].seq == 30  # every job settled
+
+
+async def test_queue_consumers_with_selectors_get_only_what_they_match(
+    autojump_clock: Any,
+) -> None:
+    async with rig({"name": "jobs", "kind": "queue"}) as r:
+        a, b = await r.connect(window=3), await r.connect(window=3)
+        await subscribe(a, "jobs", filter="kind=Ta")
+        await subscribe(b, "jobs", filter="kind=Tb")
+        pub = await r.connect()
+        for i in range(10):
+            kind = "ab"[i % 2]
+            await pub.publish("jobs", b"%s%d" % (kind.encode(), i), properties=f"kind:T{kind};")
+        got = await consume([a, b], 10)
+        assert got[0] == [b"a%d" % i for i in range(0, 10, 2)]
+        assert got[1] == [b"b%d" % i for i in range(1, 10, 2)]
 
 
 async def test_a_queue_consumer_leaving_with_unacked_messages_hands_them_over(
