@@ -414,6 +414,21 @@ async def test_ingress_into_a_full_local_queue_leaves_the_server_unacked(
         assert await server.acks(EXPIRE / 10) == [4]
 
 
+async def test_ingress_a_message_the_local_destination_rejects_ends_the_connection(
+    autojump_clock: Any,
+) -> None:
+    async with rig({"name": "local", "buffer_bytes": "4KiB"}) as r:
+        server = await r.connect(subscriptions=[RemoteSubscription("alerts", "local")])
+        await server.deliver("alerts", b"fine", b"x" * 8192)
+        await server.pump(EXPIRE)
+        errors = server.take(Error)
+        assert len(errors) == 1
+        assert errors[0].message.startswith("MESSAGE 2 rejected: ")
+        assert server.take(Ack) == []  # the batch is not acked: the server keeps it
+        assert server.closed
+        assert server.session_ended.is_set()
+
+
 async def test_the_upstream_requires_pubsub_when_it_subscribes(autojump_clock: Any) -> None:
     async with rig() as r:
         server = await r.connect(subscriptions=[RemoteSubscription("alerts", "local")])
