@@ -199,7 +199,7 @@ class PeerSession(Session):
                 props = format_properties(headers)
             items.append((m.destination, props, m.body))
         out.append(codec.send_bodies(items))
-        self.write(b"".join(out))
+        self.write_now(b"".join(out))  # a whole batch: one system call, no task switch
         self._wake()
 
     async def wait_window(self) -> int:
