@@ -16,7 +16,7 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -150,7 +150,6 @@ class FakeServer:
 class Rig:
     hub: Hub
     nursery: trio.Nursery
-    sessions: list[trio.CancelScope] = field(default_factory=list)
 
     async def connect(
         self,
@@ -166,12 +165,10 @@ class Rig:
         server = FakeServer(far, max_window=max_window)
         opts = {"identity": "gw", "ack_expire": EXPIRE, "window": window}
         settings = client_settings(opts, bool(subscriptions))
-        scope = trio.CancelScope()
-        self.sessions.append(scope)
 
         async def session() -> None:
             # As MicromessagePlugin.run_upstream: one egress subscription per connection.
-            with scope, self.hub.subscribe(UPSTREAM, max_unacked=window) as egress:
+            with self.hub.subscribe(UPSTREAM, max_unacked=window) as egress:
                 try:
                     await ClientSession(
                         near,
