@@ -286,7 +286,11 @@ class _Codec(Lifecycle):
             if seen is Received.NEW:
                 batch.append(frame)
             elif seen is Received.ACKED:
-                self._queued.append(Duplicate(frame.seq, True, window.acked_through))
+                # One re-ack answers a whole resent run: the ack is cumulative.
+                queued = self._queued
+                ack = window.acked_through
+                if not (queued and type(queued[-1]) is Duplicate and queued[-1].ack == ack):
+                    queued.append(Duplicate(frame.seq, True, ack))
 
     def _on_frame(self, frame: Any) -> Any:
         if isinstance(frame, Extension):

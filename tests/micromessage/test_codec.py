@@ -541,11 +541,6 @@ def test_a_rewind_makes_the_resends_new_again() -> None:
     assert feed(server, wire[1] + wire[2]) == [Messages((Message(2, "q"), Message(3, "q")))]
 
 
-@pytest.mark.skip(reason="sequence wrap-around 65535 -> 1 with subscriptions is the driver's")
-def test_sequence_wrap_with_interleaved_subscriptions() -> None:
-    """Covered by the windows' wrap tests and the driver tests."""
-
-
 # -- versions and extensions --------------------------------------------------------------
 def test_major_2_is_refused_with_an_error_reply() -> None:
     server = ServerCodec()

@@ -400,12 +400,6 @@ async def test_a_publisher_resend_after_the_ack_is_acked_again(autojump_clock: A
         assert {a.seq for a in again + pub.take(Ack)} == {2}  # acked again at once
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="one ack frame per resent frame: _Codec._take_new queues a Duplicate for each"
-    " frame of a read that was acked, and PeerSession re-acks each (50 identical acks for a"
-    " resent batch of 50; up to max_window per read)",
-)
 async def test_a_resent_batch_is_acked_again_with_one_ack(autojump_clock: Any) -> None:
     async with rig({"name": "store", "retain": "1MiB"}) as r:
         pub = await r.connect()
