@@ -43,6 +43,7 @@ from gateway.ops.status import snapshot
 from gateway.runtime.gateway import Gateway
 from gateway.runtime.registry import default_registry
 from protocols.lumberjack.client import LumberjackClient
+from protocols.micromessage import Client as MicromessageClient
 from protocols.segment.client import Appender, run_appender
 from protocols.ttrpc import messaging_pb2
 from protocols.ttrpc.client import open_client
@@ -101,9 +102,18 @@ async def send_ttrpc(stream: trio.abc.Stream, destination: str, bodies: list[byt
     assert outcomes == [messaging_pb2.OUTCOME_DELIVERED] * len(bodies), response
 
 
+async def send_micromessage(stream: trio.abc.Stream, destination: str, bodies: list[bytes]) -> None:
+    """Publish ``bodies`` as MESSAGE frames; return once every one is acked."""
+    async with await MicromessageClient.over(stream) as client:
+        for body in bodies:
+            await client.publish(destination, body)
+        await client.wait_acked()
+
+
 #: A real client for each protocol a documented listener speaks.
 SENDERS: dict[str, Sender] = {
     "lumberjack": send_lumberjack,
+    "micromessage": send_micromessage,
     "ndjson": send_ndjson,
     "segment": send_segment,
     "ttrpc": send_ttrpc,

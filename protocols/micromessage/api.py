@@ -169,12 +169,38 @@ class Client:
         Raises :class:`ServerError` or :class:`ConnectionLost` (a refused handshake
         included) and ``trio.TooSlowError`` after ``handshake_timeout``.
         """
-        settings = settings_for(identity, window, expire, pubsub=pubsub, dotnet=dotnet, json=json)
         stream: trio.abc.Stream
         if ssl_context is None:
             stream = await trio.open_tcp_stream(host, port)
         else:
             stream = await trio.open_ssl_over_tcp_stream(host, port, ssl_context=ssl_context)
+        return await cls.over(
+            stream,
+            identity=identity,
+            window=window,
+            expire=expire,
+            pubsub=pubsub,
+            dotnet=dotnet,
+            json=json,
+            handshake_timeout=handshake_timeout,
+        )
+
+    @classmethod
+    async def over(
+        cls,
+        stream: trio.abc.Stream,
+        *,
+        identity: str = "python",
+        window: int = 100,
+        expire: float = 0.5,
+        pubsub: bool = True,
+        dotnet: bool = False,
+        json: bool = False,
+        handshake_timeout: float = 10.0,
+    ) -> Client:
+        """:meth:`connect` over a stream of the caller's (a unix socket, TLS of its own
+        making): the handshake is done on it; it is closed if that fails."""
+        settings = settings_for(identity, window, expire, pubsub=pubsub, dotnet=dotnet, json=json)
         codec = ClientCodec(settings, clock=trio.current_time)
         try:
             with trio.fail_after(handshake_timeout):
