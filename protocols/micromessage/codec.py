@@ -366,12 +366,12 @@ class _Codec(Lifecycle):
                 f" ({len(items)} frames, room for {window.room})"
             )
         first = self.next_seq
-        wires = encode_messages(first, items, max_fragment=self.limits.max_fragment)
+        blob, ends = encode_messages(first, items, max_fragment=self.limits.max_fragment)
         if window is None:
             self._seq = SEQUENCE.after(first, len(items))
         else:
-            window.sent_run(wires, self.clock())
-        return b"".join(wires)
+            window.sent_blob(blob, ends, self.clock())
+        return blob
 
     def send_messages(self, frames: Sequence[Message]) -> bytes:
         """The bytes of several MESSAGE frames, as ``send`` makes them one by one (each

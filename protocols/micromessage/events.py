@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from gateway.sdk import SerialSpace
 
@@ -72,13 +72,14 @@ SEQUENCE: Final = SerialSpace(first=1, size=65535)
 FLAG_NAMES: Final = {0: "MESSAGE", 1: "COMMAND", 2: "EXTENSION", 4: "ERROR"}
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(NamedTuple):
     """A MESSAGE frame: sent both ways, counted by the ack window.
 
     ``destination`` (at most 255 ASCII bytes) names a queue or topic;
     ``properties`` is the raw ASCII ``key:value;`` list (at most 65535
-    bytes), parsed by the codec; ``seq`` is in :data:`SEQUENCE`.
+    bytes), parsed by the codec; ``seq`` is in :data:`SEQUENCE`. A named
+    tuple rather than a dataclass, as the core's ``Message`` is: immutable
+    too, and several times cheaper to make, which counts at wire speed.
     """
 
     seq: int

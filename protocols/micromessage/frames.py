@@ -51,6 +51,8 @@ _U16: Final = struct.Struct(">H")
 _U32: Final = struct.Struct(">I")
 _KIND: Final = {Message: 0, Command: 1, Extension: 2, Error: 4}
 _LARGE: Final = int(Flags.LARGE_PAYLOAD)
+#: Each length byte, made once.
+_BYTE: Final = [bytes((i,)) for i in range(256)]
 #: A MESSAGE frame's flags, seq and destination length.
 _HEAD: Final = struct.Struct(">BHB")
 
@@ -141,28 +143,40 @@ def encode_message(frame: Message, *, max_fragment: int = MAX_FRAGMENT) -> bytes
 
 def encode_messages(
     first: int, items: Iterable[tuple[str, str, bytes]], *, max_fragment: int = MAX_FRAGMENT
-) -> list[bytes]:
-    """The bytes of MESSAGE frames numbered from ``first`` (wrapping) for ``items`` of
-    (destination, properties, payload): :func:`encode_message` for each, made faster."""
-    out: list[bytes] = []
+) -> tuple[bytes, list[int]]:
+    """MESSAGE frames numbered from ``first`` (wrapping) for ``items`` of (destination,
+    properties, payload), as one run of bytes and the offset where each frame ends:
+    :func:`encode_message` for each, made faster."""
+    parts: list[bytes] = []
+    ends: list[int] = []
+    total = 0
     seq = first
     last_dest: str | None = None
     dest = b""
+    dlen = 0
+    head, u16, u32 = _HEAD.pack, _U16.pack, _U32.pack
     for destination, properties, payload in items:
         n = len(payload)
-        if n > max_fragment or seq not in SEQUENCE:
-            message = Message(seq, destination, properties, payload)
-            out.append(encode_frame(message, max_fragment=max_fragment))
+        if n > max_fragment or not 0 < seq <= 0xFFFF:
+            wire = encode_frame(
+                Message(seq, destination, properties, payload), max_fragment=max_fragment
+            )
+            parts.append(wire)
+            total += len(wire)
         else:
             if destination != last_dest:
                 dest, last_dest = _ascii(destination, "destination", 255), destination
+                dlen = len(dest)
             props = _ascii(properties, "properties", 65535) if properties else b""
-            large = n > MAX_SMALL_LENGTH
-            head = _HEAD.pack(_LARGE if large else 0, seq, len(dest))
-            length = _U32.pack(n) if large else bytes((n,))
-            out.append(b"".join((head, dest, _U16.pack(len(props)), props, length, payload)))
+            if n > MAX_SMALL_LENGTH:
+                parts += (head(_LARGE, seq, dlen), dest, u16(len(props)), props, u32(n), payload)
+                total += 10 + dlen + len(props) + n
+            else:
+                parts += (head(0, seq, dlen), dest, u16(len(props)), props, _BYTE[n], payload)
+                total += 7 + dlen + len(props) + n
+        ends.append(total)
         seq = seq + 1 if seq < 0xFFFF else 1
-    return out
+    return b"".join(parts), ends
 
 
 @dataclass(frozen=True, slots=True)

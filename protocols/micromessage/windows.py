@@ -237,25 +237,40 @@ class Received(enum.Enum):
 class _Run:
     """MESSAGE frames sent together (one write), awaiting their acks.
 
-    ``wires[start:]`` are outstanding; ``first`` is the seq of ``wires[0]``.
+    ``blob`` holds the frames back to back, frame ``i`` ending at ``ends[i]``;
+    frames ``start:`` are outstanding; ``first`` is the seq of frame 0.
     """
 
-    __slots__ = ("first", "nbytes", "sent_at", "settled", "start", "wires")
+    __slots__ = ("blob", "ends", "first", "sent_at", "settled", "start")
 
-    def __init__(self, first: int, wires: list[bytes], sent_at: float) -> None:
+    def __init__(self, first: int, blob: bytes, ends: list[int], sent_at: float) -> None:
         self.first = first
-        self.wires = wires
+        self.blob = blob
+        self.ends = ends
         self.start = 0
         self.sent_at = sent_at
         self.settled = False
-        self.nbytes = sum(map(len, wires))
 
     def __len__(self) -> int:
-        return len(self.wires) - self.start
+        return len(self.ends) - self.start
+
+    @property
+    def offset(self) -> int:
+        """Where the outstanding frames start in ``blob``."""
+        return self.ends[self.start - 1] if self.start else 0
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.blob) - self.offset
 
     @property
     def oldest(self) -> int:
         return SEQUENCE.after(self.first, self.start)
+
+    def wires(self) -> list[bytes]:
+        """The outstanding frames, each on its own."""
+        ends = self.ends
+        return [self.blob[ends[i - 1] if i else 0 : ends[i]] for i in range(self.start, len(ends))]
 
 
 class SendWindow:
@@ -300,7 +315,7 @@ class SendWindow:
     def outstanding(self) -> list[int]:
         """The unacked seqs, in send order."""
         after = SEQUENCE.after
-        return [after(run.first, i) for run in self._runs for i in range(run.start, len(run.wires))]
+        return [after(run.first, i) for run in self._runs for i in range(run.start, len(run.ends))]
 
     def sent(self, seq: int, wire: bytes, now: float) -> None:
         """Record a new MESSAGE frame ``wire`` carrying ``seq``, sent at ``now``."""
@@ -313,16 +328,25 @@ class SendWindow:
     def sent_run(self, wires: list[bytes], now: float) -> None:
         """Record new MESSAGE frames carrying the next ``len(wires)`` seqs, sent at ``now``
         (what :meth:`sent` does for each, at the cost of one)."""
-        if not wires:
+        ends, total = [], 0
+        for wire in wires:
+            total += len(wire)
+            ends.append(total)
+        self.sent_blob(b"".join(wires), ends, now)
+
+    def sent_blob(self, blob: bytes, ends: list[int], now: float) -> None:
+        """:meth:`sent_run` for frames already joined: ``blob``, frame ``i`` ending at
+        ``ends[i]`` (what :func:`~.frames.encode_messages` returns)."""
+        if not ends:
             return
-        if len(wires) > self.room:
+        if len(ends) > self.room:
             raise LocalProtocolError(f"ack window of {self.settings.max_count} full")
-        run = _Run(self.next_seq, wires, now)
+        run = _Run(self.next_seq, blob, ends, now)
         self._runs.append(run)
         self._clock.append(run)
-        self._count += len(wires)
-        self._bytes += run.nbytes
-        self.next_seq = SEQUENCE.after(self.next_seq, len(wires))
+        self._count += len(ends)
+        self._bytes += len(blob)
+        self.next_seq = SEQUENCE.after(self.next_seq, len(ends))
 
     def acked(self, seq: int) -> int:
         """Settle every outstanding frame up to ``seq``: how many (0: not outstanding)."""
@@ -343,10 +367,9 @@ class SendWindow:
                 self._bytes -= run.nbytes
                 self._stale += 1
                 continue
-            gone = sum(map(len, run.wires[run.start : run.start + left]))
+            before = run.nbytes
             run.start += left
-            run.nbytes -= gone
-            self._bytes -= gone
+            self._bytes -= before - run.nbytes
             break
         self._drop_settled()
         if self._stale > len(runs):
@@ -379,7 +402,7 @@ class SendWindow:
         for run in resend:
             run.sent_at = now
             clock.append(run)
-            out += run.wires[run.start :]
+            out += run.wires()
         return out
 
     @property
