@@ -391,16 +391,14 @@ class FrameDecoder:
         end = len(data)
         cap = self.max_fragment
         out: list[Message] = []
-        last_raw: bytes | bytearray = b""
+        last_raw = b""
         last_dest = ""
-        u32 = _U32.unpack_from
-        while p < end and len(out) < limit:
-            flags = data[p]
-            if flags & ~_LARGE or end - p < 4:
-                break
-            seq = data[p + 1] << 8 | data[p + 2]
-            q = p + 4 + data[p + 3]
-            if not seq or q + 2 > end:
+        head, u32 = _HEAD.unpack_from, _U32.unpack_from
+        new = tuple.__new__
+        while p < end - 3 and len(out) < limit:
+            flags, seq, dlen = head(data, p)
+            q = p + 4 + dlen
+            if flags & ~_LARGE or not seq or q + 2 > end:
                 break
             plen = data[q] << 8 | data[q + 1]
             r = q + 2 + plen
@@ -416,14 +414,14 @@ class FrameDecoder:
                 r += 1
             if n > cap or r + n > end:
                 break
-            raw = data[p + 4 : q]
             try:
-                if raw != last_raw:
-                    last_raw, last_dest = raw, raw.decode("ascii")
+                if dlen != len(last_raw) or not data.startswith(last_raw, p + 4):
+                    last_raw = bytes(data[p + 4 : q])
+                    last_dest = last_raw.decode("ascii")
                 props = data[q + 2 : q + 2 + plen].decode("ascii") if plen else ""
             except UnicodeDecodeError:
                 break
-            out.append(Message(seq, last_dest, props, bytes(data[r : r + n])))
+            out.append(new(Message, (seq, last_dest, props, bytes(data[r : r + n]))))
             p = r + n
         if p != start:
             before = len(data)

@@ -24,7 +24,7 @@ MESSAGE frames within the ack window, so the rules live here once:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import trio
@@ -50,6 +50,8 @@ __all__ = ["JSON", "TYPE_HEADER", "PeerError", "PeerSession"]
 TYPE_HEADER = "dotnet-type"
 #: The content type of payloads on a connection that negotiated ``json``.
 JSON = "application/json"
+#: The headers of a message without properties (shared: headers are read-only).
+NO_HEADERS: Mapping[str, str] = Message._field_defaults["headers"]
 #: MESSAGE frames sent per batch when no ack window bounds them.
 UNWINDOWED = 1000
 
@@ -129,16 +131,21 @@ class PeerSession(Session):
         content_type = JSON if self.codec.has("json") else None
         type_in = self.type_in
         untyped = self.untyped_as_text
-        destination_of = self.destination_of
+        destinations = self.destinations_of(frames)
+        new = tuple.__new__
         out = []
-        for frame in frames:
-            headers: dict[str, str] = {}
-            if frame.properties:
+        for frame, destination in zip(frames, destinations, strict=True):
+            headers: Mapping[str, str] = NO_HEADERS
+            if frame.properties or type_in is not None:
                 headers = parse_properties(frame.properties, untyped_as_text=untyped)
-            if type_in is not None:
-                headers[TYPE_HEADER] = type_in
-            out.append(Message(destination_of(frame), frame.payload, headers, content_type, source))
+                if type_in is not None:
+                    headers[TYPE_HEADER] = type_in
+            out.append(new(Message, (destination, frame.payload, headers, content_type, source)))
         return out
+
+    def destinations_of(self, frames: tuple[Frame, ...]) -> list[str]:
+        """The local destination of each received MESSAGE."""
+        return [self.destination_of(frame) for frame in frames]
 
     async def hand_off(self, frames: tuple[Frame, ...]) -> None:
         """Publish one batch; ack it once safe (see the module docstring)."""

@@ -120,6 +120,10 @@ class ServerSession(PeerSession):
     def destination_of(self, frame: Frame) -> str:
         return frame.destination or self.conn.listener.destination
 
+    def destinations_of(self, frames: tuple[Frame, ...]) -> list[str]:
+        default = self.conn.listener.destination
+        return [frame.destination or default for frame in frames]
+
     def source(self) -> Source:
         return self.conn.source()
 
