@@ -261,6 +261,9 @@ def serve_main(argv: Sequence[str]) -> int:
         stream=sys.stderr,
     )
     consumer = Consumer(args.size)
+    from gateway.runtime.collector import tune_collector
+
+    tune_collector()  # as `gateway run` does
     trio.run(_serve, config, consumer, args.destination, args.max_unacked)
     logging.getLogger("bench.consumer").info("%s", consumer.summary())
     return 0

@@ -65,11 +65,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if config.path is None:
         log.info("no config file given: running the embedded default configuration")
     _warn_about(config)
+    from gateway.runtime.collector import tune_collector
     from gateway.runtime.gateway import Gateway
 
     gateway: Gateway | None = None
     try:
         gateway = Gateway(config)  # loads the protocol plugins: may fail to start too
+        tune_collector()
         trio.run(_run, gateway)
     except BaseExceptionGroup as eg:
         start_errors, rest = eg.split((OSError, PluginError))
