@@ -845,24 +845,8 @@ class TopicSubscription(Subscription):
             hi, nbytes = self._fit(run, lo, min(piece.end, lo + n - taken))
             if hi == lo:
                 break
-            tag0 = self._next_tag
-            k = hi - lo
-            self._next_tag = tag0 + k
-            self._leases.append(_Lease(run, lo, hi, tag0, piece.redelivered))
-            self._lease_tags.append(tag0)
-            self._unacked += k
-            self._unacked_bytes += nbytes
-            out += map(
-                new_delivery,
-                zip(
-                    range(tag0, tag0 + k),
-                    run.messages[lo:hi],
-                    repeat(piece.redelivered),
-                    repeat(None),
-                    repeat(run.reply_by),
-                ),
-            )
-            taken += k
+            self._lease(out, run, lo, hi, nbytes, piece.redelivered)
+            taken += hi - lo
             if hi == piece.end:
                 queue.popleft()
             else:
