@@ -116,13 +116,18 @@ class ClientSession(PeerSession):
             self.nursery.start_soon(self._send_loop, self.egress)
 
     # -- ingress -------------------------------------------------------------------------------
-    def destination_of(self, frame: Frame) -> str:
-        sub = self.subscriptions.get(frame.destination)
-        if sub is None:
-            raise RemoteProtocolError(
-                f"MESSAGE {frame.seq} from {frame.destination!r}, which we did not subscribe to"
-            )
-        return sub.into
+    def destinations_of(self, frames: tuple[Frame, ...]) -> list[str]:
+        """Each MESSAGE's subscription's local destination (the server names the
+        destination it came from)."""
+        out = []
+        for frame in frames:
+            sub = self.subscriptions.get(frame.destination)
+            if sub is None:
+                raise RemoteProtocolError(
+                    f"MESSAGE {frame.seq} from {frame.destination!r}, which we did not subscribe to"
+                )
+            out.append(sub.into)
+        return out
 
     def source(self) -> Source:
         return self._source()

@@ -72,7 +72,7 @@ from .events import (
     Offered,
     TypeName,
 )
-from .frames import FrameDecoder, encode_frame, encode_message, encode_messages
+from .frames import FrameDecoder, encode_frame, encode_messages
 from .handshake import (
     MAJOR,
     MAX_HANDSHAKE,
@@ -374,30 +374,15 @@ class _Codec(Lifecycle):
         return blob
 
     def send_messages(self, frames: Sequence[Message]) -> bytes:
-        """The bytes of several MESSAGE frames, as ``send`` makes them one by one (each
-        takes its place in the window), made at once."""
-        self._check_send("send Message")
-        if self.phase is not Phase.FRAMES:
-            raise LocalProtocolError("send Message: the handshake is not done")
-        window = self.send_window
-        fragment = self.limits.max_fragment
-        wires = [encode_message(frame, max_fragment=fragment) for frame in frames]
-        if window is None:
-            if frames:
-                self._seq = SEQUENCE.after(frames[-1].seq)
-        else:
-            if len(frames) > window.room:
-                raise LocalProtocolError(
-                    f"send Message: the ack window of {window.settings.max_count} full"
-                    f" ({len(frames)} frames, room for {window.room})"
-                )
-            expected = window.next_seq
-            for frame in frames:
-                if frame.seq != expected:
-                    raise LocalProtocolError(f"MESSAGE seq {frame.seq}: the next one is {expected}")
-                expected = SEQUENCE.after(expected)
-            window.sent_run(wires, self.clock())
-        return b"".join(wires)
+        """The bytes of several MESSAGE frames, as ``send`` makes them one by one, made at
+        once. Their sequence numbers must follow on from :attr:`next_seq` (MESSAGE
+        frames are numbered in order in each direction)."""
+        expected = self.next_seq
+        for frame in frames:
+            if frame.seq != expected:
+                raise LocalProtocolError(f"MESSAGE seq {frame.seq}: the next one is {expected}")
+            expected = SEQUENCE.after(expected)
+        return self.send_bodies([(f.destination, f.properties, f.payload) for f in frames])
 
     def _send_ack(self, seq: int) -> bytes:
         window = self.receive_window

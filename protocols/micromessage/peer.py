@@ -81,8 +81,8 @@ class PeerSession(Session):
         self._turn = trio.lowlevel.ParkingLot()
 
     # -- what a role says --------------------------------------------------------------------
-    def destination_of(self, frame: Frame) -> str:
-        """The local destination of a received MESSAGE."""
+    def destinations_of(self, frames: tuple[Frame, ...]) -> list[str]:
+        """The local destination of each received MESSAGE."""
         raise NotImplementedError
 
     def source(self) -> Source:
@@ -142,10 +142,6 @@ class PeerSession(Session):
                     headers[TYPE_HEADER] = type_in
             out.append(new(Message, (destination, frame.payload, headers, content_type, source)))
         return out
-
-    def destinations_of(self, frames: tuple[Frame, ...]) -> list[str]:
-        """The local destination of each received MESSAGE."""
-        return [self.destination_of(frame) for frame in frames]
 
     async def hand_off(self, frames: tuple[Frame, ...]) -> None:
         """Publish one batch; ack it once safe (see the module docstring)."""

@@ -117,9 +117,6 @@ class ServerSession(PeerSession):
         self.windowed()
 
     # -- receiving --------------------------------------------------------------------------
-    def destination_of(self, frame: Frame) -> str:
-        return frame.destination or self.conn.listener.destination
-
     def destinations_of(self, frames: tuple[Frame, ...]) -> list[str]:
         default = self.conn.listener.destination
         return [frame.destination or default for frame in frames]
