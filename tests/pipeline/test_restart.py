@@ -161,7 +161,12 @@ def test_sigint_stops_gateway_pipeline_with_its_checkpoint_intact(
         if line.startswith("alerts batch 2:"):
             break
     os.killpg(process.pid, signal.SIGINT)  # as Ctrl-C: the whole process group
-    rest, _ = process.communicate(timeout=120)
+    try:
+        rest, _ = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        late, _ = process.communicate()
+        pytest.fail("no exit 120 s after SIGINT; it wrote:\n" + "".join(lines) + (late or ""))
     assert process.returncode == 0, "".join(lines) + rest
     assert "stopped; the checkpoint in pipeline-checkpoint resumes it" in rest
     checkpoint = tmp_path / "pipeline-checkpoint" / "alerts"
