@@ -310,7 +310,10 @@ async def test_a_partitioned_durable_queue_takes_selectors(tmp_path: Path) -> No
             await publish(queue, [job("abc"[i % 3], i) for i in range(9)])
             only_b = queue.subscribe(filter=B)
             assert sorted(bodies(await receive_now(only_b))) == [b"b1", b"b4", b"b7"]
+            assert unmatched(queue) == 6, "a and c, held in both partitions, summed"
+            assert [g.unmatched for g in queue.figures().groups] == [6]
             rest = await receive_now(queue.subscribe())
+            assert unmatched(queue) == 0
             assert sorted(bodies(rest)) == [b"a0", b"a3", b"a6", b"c2", b"c5", b"c8"]
         finally:
             queue.close()

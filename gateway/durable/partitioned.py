@@ -273,6 +273,7 @@ class PartitionedLog(Destination):
             kept_fill=max(f.kept_fill for f in parts),
             full=any(f.full for f in parts),
             groups=groups,
+            unmatched=_sum_known(f.unmatched for f in parts),
             limit_bytes=first.retain_bytes,
             log=LogFigures(
                 sum(log.first for log in logs),
@@ -300,7 +301,14 @@ def _merged(name: str, states: Sequence[GroupFigures]) -> GroupFigures:
         dropped=sum(g.dropped for g in states),
         rejected=sum(g.rejected for g in states),
         filter=states[0].filter,
+        unmatched=_sum_known(g.unmatched for g in states),
     )
+
+
+def _sum_known(values: Iterable[int | None]) -> int | None:
+    """The sum of the values that are known; None when none is (not a queue)."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
 
 
 class PartitionedSubscription(Subscription):
