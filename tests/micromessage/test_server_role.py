@@ -28,11 +28,12 @@ from gateway.protocol.plugin import ConnectionInfo, ListenerSettings, ServerConn
 from gateway.runtime.catalog import Catalog
 from gateway.sdk import NEED_DATA, ConnectionClosed, Delivery, Message, Receipt, Subscription
 from protocols.micromessage.codec import ClientCodec
-from protocols.micromessage.commands import Subscribe, Unsubscribe
+from protocols.micromessage.commands import Subscribe, Unsubscribe, encode_command
 from protocols.micromessage.events import (
     SEQUENCE,
     Ack,
     Answered,
+    Command,
     Duplicate,
     Error,
     Established,
@@ -40,7 +41,13 @@ from protocols.micromessage.events import (
     Messages,
 )
 from protocols.micromessage.events import Message as Frame
-from protocols.micromessage.frames import encode_frame, encode_message
+from protocols.micromessage.frames import FrameDecoder, encode_frame, encode_message
+from protocols.micromessage.handshake import (
+    ExtensionSpec,
+    Handshake,
+    decode_handshake,
+    encode_handshake,
+)
 from protocols.micromessage.plugin import MicromessagePlugin, client_settings
 
 EXPIRE = 0.5  # the listener's ack_expire (s): what the client below asks for too
@@ -799,3 +806,66 @@ async def test_while_draining_acks_still_count_and_new_messages_are_not_taken(
         assert receipt.done()
         with trio.fail_after(GUARD):
             await sub.ended.wait()  # nothing owed: the connection ends
+
+
+# -- without an ack extension: at most once ------------------------------------------------------
+
+
+async def _handshake_without_acks(stream: trio.abc.Stream) -> FrameDecoder:
+    """A client that takes none of the listener's optional extensions but ``pubsub``: its
+    final message leaves ``batch-ack`` out, as the protocol lets it."""
+    offer = Handshake(1, 0, "no-acks", optional=(ExtensionSpec("pubsub"),))
+    await stream.send_all(encode_handshake(offer))
+    received = bytearray()
+    while (parsed := decode_handshake(received)) is None:
+        received += await stream.receive_some(65536)
+    answer, end = parsed
+    assert isinstance(answer, Handshake)
+    assert "batch-ack" in answer.names  # offered, and declined below
+    await stream.send_all(
+        encode_handshake(Handshake(1, 0, "no-acks", (), (ExtensionSpec("pubsub"),)))
+    )
+    decoder = FrameDecoder()
+    decoder.feed(bytes(received[end:]))
+    return decoder
+
+
+async def _frames(stream: trio.abc.Stream, decoder: FrameDecoder, n: int) -> list[Any]:
+    got: list[Any] = []
+    with trio.fail_after(GUARD):
+        while len(got) < n:
+            frame = decoder.next_frame()
+            if frame is None:
+                decoder.feed(await stream.receive_some(65536))
+            else:
+                got.append(frame)
+    return got
+
+
+async def test_without_an_ack_extension_messages_go_at_most_once(autojump_clock: Any) -> None:
+    """No window, no acks: a publish is not acked (there is nothing to ack with), and a
+    delivery is acked to the hub once written, so it is settled without the peer."""
+    async with rig() as r:
+        near, far = trio.testing.memory_stream_pair()
+        info = ConnectionInfo("micromessage", "mm", "peer")
+        conn = ServerConnection(far, info, r.settings, HubFacade(r.hub), r.shutdown)
+        r.nursery.start_soon(MicromessagePlugin().serve, conn)
+        decoder = await _handshake_without_acks(near)
+        command = Command(encode_command(Subscribe("news")))
+        await near.send_all(encode_frame(command))
+        await trio.sleep(1)
+        receipt = await r.hub.publish([Message("news", b"one"), Message("news", b"two")])
+        got = await _frames(near, decoder, 2)
+        assert [(f.seq, f.destination, f.payload) for f in got] == [
+            (1, "news", b"one"),
+            (2, "news", b"two"),
+        ]
+        with trio.fail_after(GUARD):
+            await receipt.wait()  # settled by the write, no ack frame from us
+        await near.send_all(encode_frame(Frame(1, "logs", "", b"mine")))
+        sub = r.hub.subscribe("logs")
+        await trio.sleep(1)
+        sub_got = sub.take()
+        assert [d.message.body for d in sub_got] == [b"mine"]
+        await trio.sleep(5)
+        assert decoder.next_frame() is None  # and no ack comes back for it
