@@ -335,7 +335,7 @@ class _Codec(Lifecycle):
         if self.phase is not Phase.FRAMES:
             raise LocalProtocolError(f"send {type(event).__name__}: the handshake is not done")
         if isinstance(event, Message):
-            return self._send_message(event)
+            return self.send_messages((event,))
         if isinstance(event, Ack):
             return self._send_ack(event.seq)
         if isinstance(event, TypeName):
@@ -349,9 +349,6 @@ class _Codec(Lifecycle):
 
     def _send_other(self, event: Any) -> bytes:
         raise LocalProtocolError(f"a {type(self).__name__} does not send {type(event).__name__}")
-
-    def _send_message(self, frame: Message) -> bytes:
-        return self.send_messages((frame,))
 
     def send_bodies(self, items: Sequence[tuple[str, str, bytes]]) -> bytes:
         """MESSAGE frames for ``items`` of (destination, properties, payload), numbered

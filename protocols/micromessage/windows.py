@@ -323,19 +323,10 @@ class SendWindow:
             raise LocalProtocolError(f"ack window of {self.settings.max_count} full")
         if seq != self.next_seq:
             raise LocalProtocolError(f"MESSAGE seq {seq}: the next one is {self.next_seq}")
-        self.sent_run([wire], now)
-
-    def sent_run(self, wires: list[bytes], now: float) -> None:
-        """Record new MESSAGE frames carrying the next ``len(wires)`` seqs, sent at ``now``
-        (what :meth:`sent` does for each, at the cost of one)."""
-        ends, total = [], 0
-        for wire in wires:
-            total += len(wire)
-            ends.append(total)
-        self.sent_blob(b"".join(wires), ends, now)
+        self.sent_blob(wire, [len(wire)], now)
 
     def sent_blob(self, blob: bytes, ends: list[int], now: float) -> None:
-        """:meth:`sent_run` for frames already joined: ``blob``, frame ``i`` ending at
+        """:meth:`sent` for several frames at once, joined: ``blob``, frame ``i`` ending at
         ``ends[i]`` (what :func:`~.frames.encode_messages` returns)."""
         if not ends:
             return

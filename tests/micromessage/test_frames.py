@@ -27,7 +27,6 @@ from protocols.micromessage.events import (
 from protocols.micromessage.frames import (
     FrameDecoder,
     encode_frame,
-    encode_message,
     encode_messages,
 )
 
@@ -448,23 +447,15 @@ def test_the_one_pass_parser_leaves_bad_frames_to_next_frame() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(_messages, st.integers(1, 700))
-def test_encode_message_is_encode_frame(frame: Message, fragment: int) -> None:
-    assert encode_message(frame, max_fragment=fragment) == encode_frame(
-        frame, max_fragment=fragment
-    )
-
-
-@settings(max_examples=200, deadline=None)
 @given(st.lists(_messages, max_size=6), st.integers(1, 65535), st.integers(1, 700))
-def test_encode_messages_is_encode_message_for_each(
+def test_encode_messages_is_encode_frame_for_each(
     frames: list[Message], first: int, fragment: int
 ) -> None:
     items = [(f.destination, f.properties, f.payload) for f in frames]
     blob, ends = encode_messages(first, items, max_fragment=fragment)
     seqs = [SEQUENCE.after(first, i) for i in range(len(frames))]
     wires = [
-        encode_message(f._replace(seq=seq), max_fragment=fragment)
+        encode_frame(f._replace(seq=seq), max_fragment=fragment)
         for f, seq in zip(frames, seqs, strict=True)
     ]
     assert blob == b"".join(wires)

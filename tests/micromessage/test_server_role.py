@@ -41,7 +41,7 @@ from protocols.micromessage.events import (
     Messages,
 )
 from protocols.micromessage.events import Message as Frame
-from protocols.micromessage.frames import FrameDecoder, encode_frame, encode_message
+from protocols.micromessage.frames import FrameDecoder, encode_frame
 from protocols.micromessage.handshake import (
     ExtensionSpec,
     Handshake,
@@ -299,7 +299,7 @@ async def test_a_publisher_overrunning_the_window_gets_an_error_frame(
 ) -> None:
     async with rig(max_window=2) as r:
         pub = await r.connect()
-        frames = [encode_message(Frame(seq, "news", "", b"x")) for seq in (1, 2, 3)]
+        frames = [encode_frame(Frame(seq, "news", "", b"x")) for seq in (1, 2, 3)]
         await pub.stream.send_all(b"".join(frames))  # three, past the codec's window
         events = await pub.closed()
         errors = [e for e in events if isinstance(e, Error)]
@@ -352,10 +352,10 @@ async def test_a_partial_ack_stops_the_resends_of_what_it_covers(autojump_clock:
         before = len(sub.raw)
         await sub.ack(2)
         await sub.pump(EXPIRE * 1.5)
-        assert bytes(sub.raw[before:]) == encode_message(Frame(3, "news", "", b"c"))
+        assert bytes(sub.raw[before:]) == encode_frame(Frame(3, "news", "", b"c"))
         await sub.ack(3)
         await sub.pump(EXPIRE * 3)
-        assert len(sub.raw) == before + len(encode_message(Frame(3, "news", "", b"c")))
+        assert len(sub.raw) == before + len(encode_frame(Frame(3, "news", "", b"c")))
 
 
 async def test_an_ack_for_a_frame_never_sent_is_ignored(autojump_clock: Any) -> None:
@@ -666,7 +666,7 @@ async def test_unsubscribe_stops_deliveries_and_what_stays_unacked_goes_back(
         assert await sub.quiet(EXPIRE * 2.5) == []  # no new deliveries
         # The frames we left unacked keep their sequence numbers: they are resent (the
         # window still counts them), and are nothing new.
-        resend = b"".join(encode_message(f) for f in got[1:])
+        resend = b"".join(encode_frame(f) for f in got[1:])
         assert bytes(sub.raw[before:]) == resend * 2
         assert not sub.ended.is_set()
         await sub.stream.aclose()  # we leave without acking them
@@ -747,7 +747,7 @@ async def test_the_sequence_wraps_with_two_subscriptions_interleaving(
         await sub.ack(3)
         before = len(sub.raw)
         await sub.pump(EXPIRE * 1.5)
-        resent = b"".join(encode_message(f) for f in got[8:])
+        resent = b"".join(encode_frame(f) for f in got[8:])
         assert bytes(sub.raw[before:]) == resent
         await sub.ack(15)
         await sub.pump(EXPIRE * 3)
