@@ -192,7 +192,15 @@ class _ServerSession(Session):
         self.feeds[event.destination] = self.subscriber.add(sub, self._deliver, ended=self._ended)
 
     async def _deliver(self, tag: int, d: Delivery) -> None:
-        """One delivery as a ``msg`` line, under our ``tag`` for it."""
+        """One delivery as a ``msg`` line, under our ``tag`` for it.
+
+        The line is made only once there is room for it: a subscription left (``unsub``)
+        while this waited has handed the delivery back to the hub and forgotten ``tag``,
+        and a line made before would reach the client after the ``unsub`` was read.
+        """
+        await self.wait_for_room()
+        if tag not in self.subscriber.tags:
+            return
         m, reply_by = d.message, d.reply_by
         line = self.codec.send(
             Deliver(
