@@ -45,6 +45,11 @@ from .events import (
     Message,
 )
 
+try:  # the same two loops in C, when built (see _speedups.c)
+    from . import _speedups
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _speedups = None
+
 __all__ = ["FrameDecoder", "encode_frame", "encode_messages"]
 
 _U16: Final = struct.Struct(">H")
@@ -131,6 +136,19 @@ def encode_messages(
     """MESSAGE frames numbered from ``first`` (wrapping) for ``items`` of (destination,
     properties, payload), as one run of bytes and the offset where each frame ends:
     :func:`encode_frame` for each, made faster for the usual case (one fragment)."""
+    if _speedups is not None:
+        if not isinstance(items, list | tuple):
+            items = list(items)
+        done = _speedups.encode_messages(first, items, max_fragment)
+        if done is not None:
+            return done
+    return _encode_messages(first, items, max_fragment)
+
+
+def _encode_messages(
+    first: int, items: Iterable[tuple[str, str, bytes]], max_fragment: int
+) -> tuple[bytes, list[int]]:
+    """:func:`encode_messages` in Python: every case, and every refusal."""
     parts: list[bytes] = []
     ends: list[int] = []
     total = 0
@@ -282,6 +300,55 @@ def _parse_frame(
     return _Raw(flags, seq, ext_id, dest, props, bytes(data[p : p + n]), at), p + n
 
 
+def _scan_messages(
+    data: bytes | bytearray, pos: int, limit: int, cap: int, message_type: type[Message]
+) -> tuple[list[Message], int]:
+    """Up to ``limit`` plain MESSAGE frames from ``data[pos:]`` as ``message_type``
+    (flags 0 or LARGE_PAYLOAD, seq not 0, ASCII text, a payload of at most ``cap``
+    bytes), and where they end: :meth:`FrameDecoder.next_messages` in Python. Stops
+    before the first frame that is anything else or not whole yet."""
+    p = pos
+    end = len(data)
+    out: list[Message] = []
+    last_raw = b""
+    last_dest = ""
+    head, u32 = _HEAD.unpack_from, _U32.unpack_from
+    new = tuple.__new__
+    while p < end - 3 and len(out) < limit:
+        flags, seq, dlen = head(data, p)
+        q = p + 4 + dlen
+        if flags & ~_LARGE or not seq or q + 2 > end:
+            break
+        plen = data[q] << 8 | data[q + 1]
+        r = q + 2 + plen
+        if flags:
+            if r + 4 > end:
+                break
+            n = u32(data, r)[0]
+            r += 4
+        else:
+            if r >= end:
+                break
+            n = data[r]
+            r += 1
+        if n > cap or r + n > end:
+            break
+        try:
+            if dlen != len(last_raw) or not data.startswith(last_raw, p + 4):
+                last_raw = bytes(data[p + 4 : q])
+                last_dest = last_raw.decode("ascii")
+            props = data[q + 2 : q + 2 + plen].decode("ascii") if plen else ""
+        except UnicodeDecodeError:
+            break
+        out.append(new(message_type, (seq, last_dest, props, bytes(data[r : r + n]))))
+        p = r + n
+    return out, p
+
+
+#: The scan :meth:`FrameDecoder.next_messages` uses: C's when built, else Python's.
+scan_messages = _scan_messages if _speedups is None else _speedups.scan_messages
+
+
 class FrameDecoder:
     """Whole frames out of received bytes, one direction of one connection.
 
@@ -370,48 +437,17 @@ class FrameDecoder:
         if self._pending:
             return []
         buffer = self.buffer
-        data = buffer.data
-        start = p = buffer.pos
-        end = len(data)
-        cap = self.max_fragment
-        out: list[Message] = []
-        last_raw = b""
-        last_dest = ""
-        head, u32 = _HEAD.unpack_from, _U32.unpack_from
-        new = tuple.__new__
-        while p < end - 3 and len(out) < limit:
-            flags, seq, dlen = head(data, p)
-            q = p + 4 + dlen
-            if flags & ~_LARGE or not seq or q + 2 > end:
-                break
-            plen = data[q] << 8 | data[q + 1]
-            r = q + 2 + plen
-            if flags:
-                if r + 4 > end:
-                    break
-                n = u32(data, r)[0]
-                r += 4
-            else:
-                if r >= end:
-                    break
-                n = data[r]
-                r += 1
-            if n > cap or r + n > end:
-                break
-            try:
-                if dlen != len(last_raw) or not data.startswith(last_raw, p + 4):
-                    last_raw = bytes(data[p + 4 : q])
-                    last_dest = last_raw.decode("ascii")
-                props = data[q + 2 : q + 2 + plen].decode("ascii") if plen else ""
-            except UnicodeDecodeError:
-                break
-            out.append(new(Message, (seq, last_dest, props, bytes(data[r : r + n]))))
-            p = r + n
-        if p != start:
-            before = len(data)
-            buffer.advance(p)
-            self._base += before - len(buffer.data)
+        out, end = scan_messages(buffer.data, buffer.pos, limit, self.max_fragment, Message)
+        if out:
+            self._advance(end)
         return out
+
+    def _advance(self, pos: int) -> None:
+        """Parsed up to ``pos`` of the buffer's data."""
+        buffer = self.buffer
+        before = len(buffer.data)
+        buffer.advance(pos)
+        self._base += before - len(buffer.data)
 
     def check_eof(self) -> None:
         """The peer closed: RemoteProtocolError if it stopped inside a frame or a payload."""
