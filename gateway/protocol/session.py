@@ -344,7 +344,7 @@ class Session:
         while answers.full:
             await self._progress.park()
         entry = answers.open(answer, keepalive)
-        if len(answers) == 1:
+        if len(answers) == 1 and keepalive is not None and self.keepalive:
             # Keepalives are due ``keepalive`` after the oldest answer started waiting.
             self._last_write = trio.current_time()
             self._wake_writer()
