@@ -197,6 +197,22 @@ async def test_offsets_and_positions_in_receipts_and_deliveries(make_log: MakeLo
     assert receipt.result(0).position == Position(5)
 
 
+async def test_a_subscriber_that_reads_no_positions_gets_none(make_log: MakeLog) -> None:
+    """``positions=False``: the same deliveries, in the same order, without a Position,
+    first-hand and redelivered; other subscribers still get theirs."""
+    log = make_log("t", retain_bytes=BIG)
+    await publish(log, msgs(range(4)))
+    bare = log.subscribe("g", start="earliest", positions=False)
+    full = log.subscribe(start="earliest")
+    got = await receive_now(bare)
+    assert [d.message.body for d in got] == [msg(i).body for i in range(4)]
+    assert [d.position for d in got] == [None] * 4
+    bare.nack(got[1].tag)  # back to the group: redelivered, still without a position
+    (again,) = await receive_now(bare)
+    assert (again.message.body, again.redelivered, again.position) == (msg(1).body, True, None)
+    assert [d.position for d in await receive_now(full)] == [Position(i) for i in range(4)]
+
+
 async def test_refused_messages_take_no_offset(make_log: MakeLog) -> None:
     log = make_log("t", retain_bytes=1000, element_size=4)
     ok = Message("t", b"abcd")

@@ -348,6 +348,7 @@ class Destination(ABC):
         start: StartAt | None = None,
         end: StopAt | None = None,
         filter: Filter | None = None,
+        positions: bool = True,
     ) -> Subscription:
         """Join ``group`` (competing consumers), or a group of one when ``None``.
 
@@ -358,6 +359,9 @@ class Destination(ABC):
         group: members of one named group must agree on it. On a queue it is the
         member's own *selector* instead: the member takes only the messages it
         matches, and the others wait for a consumer that wants them.
+        ``positions=False`` says the subscriber never reads
+        :attr:`Delivery.position`: a log then leaves it None instead of making one
+        per delivery (for protocols that carry no positions).
         """
 
     @abstractmethod

@@ -180,6 +180,7 @@ class Hub:
         start: StartAt | None = None,
         end: StopAt | None = None,
         filter: Filter | None = None,
+        positions: bool = True,
     ) -> Subscription:
         """Subscribe to ``destination`` (see :meth:`Destination.subscribe`)."""
         return self.destination(destination).subscribe(
@@ -190,6 +191,7 @@ class Hub:
             start=start,
             end=end,
             filter=filter,
+            positions=positions,
         )
 
     # -- publishing ---------------------------------------------------------------

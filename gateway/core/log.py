@@ -601,6 +601,7 @@ class LogDestination(Destination):
         start: StartAt | None = None,
         end: StopAt | None = None,
         filter: Filter | None = None,
+        positions: bool = True,
     ) -> LogSubscription:
         """Join ``group`` (or a group of one); a new group starts at ``start``, an
         existing named group resumes at its redeliveries and cursor."""
@@ -630,7 +631,9 @@ class LogDestination(Destination):
             g = self._groups[name] = LogGroup(name, group is None, filter, offset)
             if group is not None:
                 self._changed()
-        sub = LogSubscription(self, g, credit, max_unacked, max_unacked_bytes, stop, selector)
+        sub = LogSubscription(
+            self, g, credit, max_unacked, max_unacked_bytes, stop, selector, positions
+        )
         g.members.append(sub)
         g.selective += selector is not None
         return sub
@@ -777,8 +780,11 @@ class LogSubscription(Subscription):
         max_unacked_bytes: int | None,
         end: int | None,
         selector: Filter | None = None,
+        positions: bool = True,
     ) -> None:
         self._log = log
+        #: Whether deliveries carry their Position (see Destination.subscribe).
+        self._positions = positions
         self._group = group
         self.destination = log.name
         self.group = None if group.anonymous else group.name
@@ -976,7 +982,8 @@ class LogSubscription(Subscription):
             if tag_bytes is not None:
                 tag_bytes[tag] = size
             held += size
-            delivery = (tag, message, redelivered, Position(offset, log.partition), None)
+            position = Position(offset, log.partition) if self._positions else None
+            delivery = (tag, message, redelivered, position, None)
             out.append(new_delivery(delivery))
         if taken:
             del passed[:taken]
@@ -1084,7 +1091,7 @@ class LogSubscription(Subscription):
         if self._tag_bytes is not None:
             self._tag_bytes[tag] = size
         self._unacked_bytes += size
-        position = Position(offset, self._log.partition)
+        position = Position(offset, self._log.partition) if self._positions else None
         out.append(new_delivery((tag, message, again, position, None)))
         return True
 
@@ -1174,7 +1181,7 @@ class LogSubscription(Subscription):
                 run_tags,
                 messages[lo - base : hi - base],
                 repeat(False),
-                positions(lo, hi, log.partition),
+                positions(lo, hi, log.partition) if self._positions else repeat(None),
                 repeat(None),
             ),
         )

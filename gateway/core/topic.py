@@ -560,6 +560,7 @@ class Topic(Destination):
         start: StartAt | None = None,
         end: StopAt | None = None,
         filter: Filter | None = None,
+        positions: bool = True,
     ) -> TopicSubscription:
         if self._closed:
             raise trio.ClosedResourceError(f"destination {self.name!r} is closed")

@@ -166,6 +166,7 @@ class PartitionedLog(Destination):
         start: StartAt | None = None,
         end: StopAt | None = None,
         filter: Filter | None = None,
+        positions: bool = True,
     ) -> PartitionedSubscription:
         """Join ``group`` in every partition (or a group of one in each), merged into
         one subscription; ``start`` and ``end`` as the module docstring says."""
@@ -192,6 +193,7 @@ class PartitionedLog(Destination):
                         start=s,
                         end=e,
                         filter=filter,
+                        positions=positions,
                     )
                 )
         except BaseException:

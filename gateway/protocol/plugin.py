@@ -503,10 +503,13 @@ class UpstreamContext:
     def subscribe(
         self, *, max_unacked: int = 4096, max_unacked_bytes: int | None = None
     ) -> Subscription:
-        """Join this upstream's group (every connection of the upstream competes)."""
+        """Join this upstream's group (every connection of the upstream competes).
+        Its deliveries carry no positions: an upstream relays messages, not where a
+        log keeps them."""
         return self.hub.subscribe(
             self.destination,
             self.group,
             max_unacked=max_unacked,
             max_unacked_bytes=max_unacked_bytes,
+            positions=False,
         )

@@ -518,3 +518,17 @@ async def test_status_and_metrics_show_a_partitioned_destination(tmp_path: Path)
     assert (
         'interchange_group_unacked_messages{destination="events",group="readers"} 5.0' in exposition
     )
+
+
+async def test_a_subscriber_that_reads_no_positions_gets_none_from_every_partition(
+    tmp_path: Path,
+) -> None:
+    async with opened(tmp_path) as (log, _):
+        for i in range(3):
+            await publish(log, msgs(f"p{i}-", 2))  # sticky: one partition per publish
+        sub = log.subscribe(start="earliest", positions=False)
+        got = await receive_now(sub)
+        assert sorted(d.message.body for d in got) == sorted(
+            f"p{i}-{j}".encode() for i in range(3) for j in range(2)
+        )
+        assert {d.position for d in got} == {None}
