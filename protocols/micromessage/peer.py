@@ -25,6 +25,8 @@ MESSAGE frames within the ack window, so the rules live here once:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 import trio
@@ -43,6 +45,10 @@ from .codec import ClientCodec, ServerCodec
 from .events import Ack, Duplicate, Error, Extension, Messages, TypeName
 from .events import Message as Frame
 from .properties import format_properties, parse_properties
+
+#: A MESSAGE frame's properties and payload (fields 2 and 3 of the named tuple).
+_PROPERTIES = itemgetter(2)
+_PAYLOAD = itemgetter(3)
 
 __all__ = ["JSON", "TYPE_HEADER", "PeerError", "PeerSession"]
 
@@ -133,6 +139,16 @@ class PeerSession(Session):
         untyped = self.untyped_as_text
         destinations = self.destinations_of(frames)
         new = tuple.__new__
+        if type_in is None and not any(map(_PROPERTIES, frames)):
+            # The usual batch: no properties, so no headers; made in one pass.
+            parts = zip(
+                destinations,
+                map(_PAYLOAD, frames),
+                repeat(NO_HEADERS),
+                repeat(content_type),
+                repeat(source),
+            )
+            return list(map(new, repeat(Message), parts))
         out = []
         for frame, destination in zip(frames, destinations, strict=True):
             headers: Mapping[str, str] = NO_HEADERS

@@ -142,6 +142,7 @@ class ServerSession(PeerSession):
                 max_unacked=subscriber.window or UNWINDOWED,
                 start=start_position(cmd.start),
                 filter=parse_filter(cmd.filter) if cmd.filter else None,
+                positions=False,  # MESSAGE frames carry none
             )
         except (ValueError, LookupError) as e:
             raise RemoteProtocolError(f"cannot subscribe to {cmd.destination!r}: {e}") from None
