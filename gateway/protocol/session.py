@@ -354,6 +354,18 @@ class Session:
             answers.cancel(entry)
             raise
         answers.attach(entry, receipt)
+        if answers.has_ready and not (self._out or self._sending or self._failed):
+            # Settled at once (stored in memory): answer now, as write_now does, rather
+            # than wake the writer task for it. An answer that raises ends the session
+            # here, once what it and those before it queued is written.
+            try:
+                self._take_answers()
+            except Exception:
+                with trio.move_on_after(self.write_timeout or math.inf):
+                    await self.flush()
+                raise
+            data, self._out = self._out, bytearray()
+            self.write_now(data)
 
     def progress(self) -> None:
         """Something :meth:`busy` counts was paid (a delivery acked): re-check drains.
@@ -723,10 +735,7 @@ class Session:
         while True:
             if answers.has_ready and not self._failed:
                 try:
-                    for answer, receipt in answers.ready():
-                        frame = answer(receipt)
-                        if frame:
-                            self._out += frame
+                    self._take_answers()
                 except Exception:
                     # The answers before the one that raised were owed: write them, then close.
                     if self._out:
@@ -736,10 +745,6 @@ class Session:
                         ):
                             await stream.send_all(self._out)
                     raise
-                if self.guard is not None:
-                    self.guard.progress()
-                if self._progress:
-                    self._progress.unpark_all()
             if not self._out:
                 if self._progress:
                     self._progress.unpark_all()
@@ -757,6 +762,19 @@ class Session:
                 self._sending = False
                 self._send_started = None
             self._last_write = trio.current_time()
+
+    def _take_answers(self) -> None:
+        """Queue the bytes of every answer that may be written now. An answer that raises
+        leaves those before it (and what it wrote itself) queued, in order."""
+        out = self._out
+        for answer, receipt in self.answers.ready():
+            frame = answer(receipt)
+            if frame:
+                out += frame
+        if self.guard is not None:
+            self.guard.progress()
+        if self._progress:
+            self._progress.unpark_all()
 
     async def _watch_writes(self) -> None:
         """A write must be done ``write_timeout`` after it started.
