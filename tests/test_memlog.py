@@ -35,6 +35,7 @@ from hypothesis.stateful import (
 
 from gateway.core.destination import Delivery, Destination, EndOfStream, Subscription
 from gateway.core.filters import Filter
+from gateway.core.log import PositionRun
 from gateway.core.memory_log import MemoryLog
 from gateway.core.model import MESSAGE_OVERHEAD, Message, Outcome, Position, Reply
 from gateway.core.receipts import Receipt
@@ -195,6 +196,17 @@ async def test_offsets_and_positions_in_receipts_and_deliveries(make_log: MakeLo
     await log.put(msg(5), receipt)
     receipt.seal()
     assert receipt.result(0).position == Position(5)
+
+
+def test_a_position_run_is_the_positions_it_stands_for() -> None:
+    run = PositionRun(7, 4, partition=2)
+    listed = [Position(o, 2) for o in range(7, 11)]
+    assert (len(run), list(run), run) == (4, listed, listed)
+    assert (run[0], run[-1], run[1:3]) == (listed[0], listed[-1], listed[1:3])
+    assert run[::2] == listed[::2]
+    assert run[3:1] == []
+    with pytest.raises(IndexError):
+        run[4]
 
 
 async def test_a_subscriber_that_reads_no_positions_gets_none(make_log: MakeLog) -> None:

@@ -55,7 +55,7 @@ import operator
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, MutableSequence, Sequence
 from itertools import repeat
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
@@ -84,7 +84,14 @@ from gateway.core.receipts import Receipt
 if TYPE_CHECKING:
     from gateway.core.filters import Filter
 
-__all__ = ["QUEUE_GROUP", "LogDestination", "LogGroup", "LogSubscription", "positions"]
+__all__ = [
+    "QUEUE_GROUP",
+    "LogDestination",
+    "LogGroup",
+    "LogSubscription",
+    "PositionRun",
+    "positions",
+]
 
 _NO_HOLES: frozenset[int] = frozenset()
 #: A queue's ``unmatched`` figure looks at this many waiting entries at most.
@@ -94,6 +101,44 @@ UNMATCHED_SCAN = 100_000
 def positions(lo: int, hi: int, partition: int = 0) -> list[Position]:
     """``Position(lo, partition)`` … ``Position(hi - 1, partition)``."""
     return list(map(tuple.__new__, repeat(Position), zip(range(lo, hi), repeat(partition))))
+
+
+class PositionRun(Sequence[Position]):
+    """``Position(first, partition)`` … ``Position(first + n - 1, partition)``, each made
+    only when read: what a log tells a receipt about a stored run, which most
+    publishers never ask for (a list of them cost a tenth of a small publish)."""
+
+    __slots__ = ("first", "n", "partition")
+
+    def __init__(self, first: int, n: int, partition: int = 0) -> None:
+        self.first = first
+        self.n = n
+        self.partition = partition
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            lo, hi, step = i.indices(self.n)
+            if step != 1:
+                return [self[k] for k in range(lo, hi, step)]
+            return PositionRun(self.first + lo, max(0, hi - lo), self.partition)
+        if i < 0:
+            i += self.n
+        if not 0 <= i < self.n:
+            raise IndexError(f"position {i} of a run of {self.n}")
+        return Position(self.first + i, self.partition)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PositionRun({self.first}, {self.n}, partition={self.partition})"
 
 
 def _matching_run(

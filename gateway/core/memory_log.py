@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from gateway.core.log import QUEUE_GROUP, LogDestination, LogSubscription, positions
+from gateway.core.log import QUEUE_GROUP, LogDestination, LogSubscription, PositionRun
 from gateway.core.model import Message
 from gateway.core.receipts import Receipt
 
@@ -56,7 +56,7 @@ class MemoryLog(LogDestination):
         self._messages.extend(messages)
         n = len(messages)
         receipt.add_legs(n)
-        receipt.settle_stored(index, self.name, positions(first, first + n))
+        receipt.settle_stored(index, self.name, PositionRun(first, n))
 
     def _release(self, new_first: int, compacted: int) -> None:
         if compacted:

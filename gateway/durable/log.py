@@ -59,7 +59,7 @@ from typing import Any, Literal
 
 from gateway.core.destination import message_sizes
 from gateway.core.filters import Filter
-from gateway.core.log import QUEUE_GROUP, LogDestination, LogGroup, positions
+from gateway.core.log import QUEUE_GROUP, LogDestination, LogGroup, PositionRun
 from gateway.core.model import MESSAGE_OVERHEAD, Message
 from gateway.core.receipts import Receipt
 from gateway.durable.envelope import decode_many, encode_many, message_size
@@ -158,7 +158,7 @@ class DurableLog(LogDestination):
         self.segment.when_durable(
             appended.end,
             functools.partial(
-                receipt.settle_stored, index, self.name, positions(first, first + n, self.partition)
+                receipt.settle_stored, index, self.name, PositionRun(first, n, self.partition)
             ),
         )
 
