@@ -1,0 +1,109 @@
+"""Reactive streams over the network (MessagePack framing), sans I/O.
+
+* :mod:`.messages`: one protocol message, msgpack bytes to a frozen dataclass
+  and back, and :class:`MessageReader` with its :class:`Limits`;
+* :mod:`.streams`: the per-subscription state machines and the two id tables;
+* :mod:`.events`: what a :class:`Connection` reports to its driver;
+* :mod:`.codec`: :class:`Connection`, one class for both :class:`Role` s.
+
+``docs/protocols/reactive-streams.md`` describes the wire format and semantics.
+"""
+
+from gateway.sdk import NEED_DATA, CodecState, ConnectionClosed
+
+from .codec import (
+    KEEPALIVE,
+    NON_POSITIVE_REQUEST,
+    VERSION,
+    Connection,
+    Phase,
+    Role,
+    UnsupportedVersion,
+    goodbye_reason,
+)
+from .events import (
+    Accepted,
+    BadRequest,
+    Cancelled,
+    Completed,
+    DemandAdded,
+    Elements,
+    Event,
+    Failed,
+    GoodbyeAnswered,
+    GoodbyeReceived,
+    Hello,
+    Pinged,
+    Ponged,
+    Skipped,
+    SubscribeRequested,
+)
+from .messages import (
+    MAX_DEMAND,
+    Cancel,
+    ClientHello,
+    Goodbye,
+    GoodbyeAck,
+    Limits,
+    Message,
+    OnComplete,
+    OnError,
+    OnNext,
+    OnNextLastPart,
+    OnNextPacked,
+    OnNextPart,
+    Ping,
+    Pong,
+    Request,
+    ServerHello,
+    Subscribe,
+    Subscribed,
+)
+
+__all__ = [
+    "KEEPALIVE",
+    "MAX_DEMAND",
+    "NEED_DATA",
+    "NON_POSITIVE_REQUEST",
+    "VERSION",
+    "Accepted",
+    "BadRequest",
+    "Cancel",
+    "Cancelled",
+    "ClientHello",
+    "CodecState",
+    "Completed",
+    "Connection",
+    "ConnectionClosed",
+    "DemandAdded",
+    "Elements",
+    "Event",
+    "Failed",
+    "Goodbye",
+    "GoodbyeAck",
+    "GoodbyeAnswered",
+    "GoodbyeReceived",
+    "Hello",
+    "Limits",
+    "Message",
+    "OnComplete",
+    "OnError",
+    "OnNext",
+    "OnNextLastPart",
+    "OnNextPacked",
+    "OnNextPart",
+    "Phase",
+    "Ping",
+    "Pinged",
+    "Pong",
+    "Ponged",
+    "Request",
+    "Role",
+    "ServerHello",
+    "Skipped",
+    "Subscribe",
+    "SubscribeRequested",
+    "Subscribed",
+    "UnsupportedVersion",
+    "goodbye_reason",
+]
