@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
 import trio
 
-from gateway.core.model import MESSAGE_OVERHEAD, Message, Outcome, Position, Reply
+from gateway.core.model import MESSAGE_OVERHEAD, Message, Outcome, Position, Positions, Reply
 from gateway.core.reasons import Reason, Refusal
 from gateway.core.receipts import Receipt
 
@@ -52,11 +52,12 @@ QUEUE_GROUP = "queue"
 #: What a destination does with messages (see docs/architecture.md).
 Kind = Literal["topic", "queue", "log"]
 #: Where a subscription starts reading a log. A ``Position`` of a partition the
-#: destination does not have is a ValueError.
-StartAt = Literal["earliest", "latest"] | Position | int
+#: destination does not have is a ValueError; ``Positions`` name one position in
+#: each of several partitions (a log of one partition takes only its own).
+StartAt = Literal["earliest", "latest"] | Position | Positions | int
 #: Where a finite read of a log ends (exclusive); ``"latest"``: the tail when
 #: subscribing. Partitions as for :data:`StartAt`.
-StopAt = Literal["latest"] | Position | int
+StopAt = Literal["latest"] | Position | Positions | int
 
 
 class EndOfStream(trio.EndOfChannel):

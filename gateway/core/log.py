@@ -77,7 +77,7 @@ from gateway.core.destination import (
     refusal,
 )
 from gateway.core.errors import StorageFull
-from gateway.core.model import Message, Outcome, Position
+from gateway.core.model import Message, Outcome, Position, Positions
 from gateway.core.reasons import Refusal
 from gateway.core.receipts import Receipt
 
@@ -154,14 +154,23 @@ def _matching_run(
     return hi
 
 
-def _offset_of(where: Position | int, what: str, partition: int) -> int:
+def _offset_of(where: Position | Positions | int, what: str, partition: int) -> int:
     if isinstance(where, Position):
         if where.partition != partition:
             raise ValueError(f"{what} {where!r}: this log is partition {partition}")
         return where.offset
+    if isinstance(where, Positions):
+        if where.partitions != (partition,):
+            raise ValueError(
+                f"{what} {where.format()!r}: this log is partition {partition} only, "
+                f"so positions must name partition {partition} and no other"
+            )
+        return where.offsets[partition]
     if isinstance(where, int) and not isinstance(where, bool):
         return where
-    raise ValueError(f"{what} must be 'earliest', 'latest', an offset or a Position: {where!r}")
+    raise ValueError(
+        f"{what} must be 'earliest', 'latest', an offset, a Position or Positions: {where!r}"
+    )
 
 
 class LogGroup:
@@ -873,6 +882,12 @@ class LogSubscription(Subscription):
     @property
     def committed(self) -> Position:
         return Position(self._group.committed, self._log.partition)
+
+    def resume_positions(self) -> Positions:
+        """Where to subscribe again (``start``) to read on where this left off: the
+        group's first offset never handed out, after every delivery it received
+        (a group of one's are this subscription's own)."""
+        return Positions({self._log.partition: self._group.cursor})
 
     def grant(self, n: int) -> None:
         if n < 0:

@@ -68,7 +68,7 @@ from gateway.core.destination import (
     new_delivery,
 )
 from gateway.core.log import LogDestination, LogSubscription
-from gateway.core.model import Message, Outcome, Position, Reply
+from gateway.core.model import Message, Outcome, Position, Positions, Reply
 from gateway.core.reasons import Reason, Refusal
 from gateway.core.receipts import Receipt
 
@@ -205,12 +205,21 @@ class PartitionedLog(Destination):
     def _per_partition(
         self, where: Any, others: Literal["earliest", "latest"], what: str
     ) -> list[Any]:
-        """``where`` for each partition: a Position for its own partition only."""
+        """``where`` for each partition: a Position for its own partition only,
+        Positions for each partition they name (``others`` for the rest)."""
         n = len(self.parts)
         if isinstance(where, Position):
             if not 0 <= where.partition < n:
                 raise ValueError(f"{what} {where!r}: log {self.name!r} has partitions 0 to {n - 1}")
             return [where if p == where.partition else others for p in range(n)]
+        if isinstance(where, Positions):
+            unknown = [p for p in where.partitions if p >= n]
+            if unknown:
+                raise ValueError(
+                    f"{what} {where.format()!r} names partition {unknown[0]}: "
+                    f"log {self.name!r} has partitions 0 to {n - 1}"
+                )
+            return [where.get(p) or others for p in range(n)]
         return [where] * n
 
     def declare_group(self, group: str) -> None:
@@ -361,6 +370,15 @@ class PartitionedSubscription(Subscription):
     def committed_positions(self) -> list[Position]:
         """The group's committed position in each partition (partition ``p`` at index ``p``)."""
         return [part.committed for part in self._parts]
+
+    def resume_positions(self) -> Positions:
+        """Where to subscribe again (``start``) to read on where this left off, in
+        every partition: there, the group's first offset never handed out, after
+        every delivery it received (a group of one's are this subscription's own;
+        in a partition it received nothing from, where it started)."""
+        return Positions(
+            {p: part.resume_positions().offsets[p] for p, part in enumerate(self._parts)}
+        )
 
     def grant(self, n: int) -> None:
         if n < 0:
