@@ -341,3 +341,19 @@ async def test_resume_points_survive_more_publishing_between(tmp_path: Path) -> 
         rest = await drain(hub.subscribe("t", start=resume, max_unacked=100))
         assert sorted(where(rest)) == sorted(away)
         assert len(first) == 3
+
+
+async def test_the_resume_point_is_after_deliveries_received_unacked(tmp_path: Path) -> None:
+    """Received is what counts, not acked: resuming after closing with deliveries
+    unacked (or nacked for redelivery) does not deliver them again."""
+    async with hub_with_logs(tmp_path) as hub:
+        placed = await spread(hub, 3, 2)
+        sub = hub.subscribe("t", start="earliest", max_unacked=100)
+        first = await receive_now(sub, 4)
+        assert len(first) == 4
+        sub.nack(first[0].tag)  # given back to the group: delivered all the same
+        resume = resume_of(sub)
+        assert resume == Positions({0: 0, 1: 0, 2: 0}).advanced(where(first))
+        sub.close()
+        rest = await drain(hub.subscribe("t", start=resume, max_unacked=100))
+        assert sorted(where(first) + where(rest)) == sorted(placed)

@@ -33,11 +33,22 @@ partition to have something is one parked task woken by all of them
 Where a subscription starts and ends: ``"earliest"``, ``"latest"``, None and
 an integer offset apply to every partition (an offset must not be past any
 partition's tail); a ``Position(offset, p)`` applies to partition ``p``, and
-the others start at ``"earliest"`` (for ``end``: read to ``"latest"``). A
-finite read raises :class:`~gateway.core.destination.EndOfStream` once the read of
-every partition ended. ``committed`` is None: committed positions are per
-partition, on :attr:`PartitionedSubscription.committed_positions` (a list,
-partition ``p`` at index ``p``).
+the others start at ``"earliest"`` (for ``end``: read to ``"latest"``);
+:class:`~gateway.core.model.Positions` apply to each partition they name, the
+others as for a Position (a partition the log does not have is a ValueError
+naming it, as is a start past a partition's tail: then no partition gets the
+group). A finite read raises :class:`~gateway.core.destination.EndOfStream`
+once the read of every partition ended.
+
+Resuming. :meth:`PartitionedSubscription.resume_positions` names, in every
+partition, the group's first offset never handed out: after every delivery
+received there (acked or not), or where the subscription started if none
+came. Subscribing again with it as ``start`` (and the same ``end``) delivers
+exactly what the first subscription had not received, in every partition.
+
+``committed`` is None: committed positions are per partition, on
+:attr:`PartitionedSubscription.committed_positions` (a list, partition ``p``
+at index ``p``).
 
 Each partition keeps its groups in its own store state document (see
 :mod:`gateway.durable.log`: partition 0 under the destination's name, as a
