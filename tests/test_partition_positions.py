@@ -17,7 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.core.destination import Delivery, Destination, EndOfStream, Subscription
+from gateway.core.filters import Filter
 from gateway.core.hub import Hub
+from gateway.core.memory_log import MemoryLog
 from gateway.core.model import MAX_POSITION, Message, Outcome, Position, Positions
 from gateway.durable.log import DurableLog
 from gateway.durable.partitioned import PartitionedLog
@@ -27,7 +29,8 @@ BIG = 10**9
 
 
 class Provider:
-    """The hub's durable destinations: ``t`` of three partitions, ``one`` of one."""
+    """The hub's logs: durable ``t`` of three partitions and ``one`` of one, and
+    ``mem`` kept in memory."""
 
     def __init__(self, logs: dict[str, Destination]) -> None:
         self.logs = logs
@@ -44,7 +47,11 @@ async def hub_with_logs(directory: Path) -> AsyncIterator[Hub]:
             for p in range(3)
         ]
         one = DurableLog("one", store.segment("one"), store, retain_bytes=BIG)
-        logs: dict[str, Destination] = {"t": PartitionedLog("t", parts), "one": one}
+        logs: dict[str, Destination] = {
+            "t": PartitionedLog("t", parts),
+            "one": one,
+            "mem": MemoryLog("mem", retain_bytes=BIG),
+        }
         hub = Hub(providers=[Provider(logs)])
         try:
             yield hub
@@ -357,3 +364,33 @@ async def test_the_resume_point_is_after_deliveries_received_unacked(tmp_path: P
         sub.close()
         rest = await drain(hub.subscribe("t", start=resume, max_unacked=100))
         assert sorted(where(first) + where(rest)) == sorted(placed)
+
+
+async def test_a_log_in_memory_resumes_the_same_way(tmp_path: Path) -> None:
+    async with hub_with_logs(tmp_path) as hub:
+        placed = await spread(hub, 2, 3, name="mem")
+        sub = hub.subscribe("mem", start=Positions({0: 0}), end=Positions.parse("0:5"))
+        first = await drain(sub, 3)
+        sub.close()
+        again = hub.subscribe("mem", start=resume_of(sub), end=Positions.parse("0:5"))
+        assert where(first) + where(await drain(again)) == placed[:5]
+        with pytest.raises(ValueError, match="this log is partition 0 only"):
+            hub.subscribe("mem", start=Positions({2: 0}))
+
+
+async def test_a_filtered_subscription_resumes_past_what_it_skipped(tmp_path: Path) -> None:
+    """Messages the filter skipped lie below the resume point: they would not match."""
+    async with hub_with_logs(tmp_path) as hub:
+        wanted = Filter.equals(level="error")
+        for k in range(6):
+            level = "error" if k % 2 else "info"
+            receipt = await hub.publish([Message("t", b"m%d" % k, {"level": level})])
+            assert await receipt.wait() == Outcome.DELIVERED
+        sub = hub.subscribe("t", start="earliest", filter=wanted, max_unacked=100)
+        first = await drain(sub, 1)
+        assert [d.message.headers["level"] for d in first] == ["error"]
+        resume = resume_of(sub)
+        sub.close()
+        again = hub.subscribe("t", start=resume, filter=wanted, max_unacked=100)
+        rest = await drain(again)
+        assert sorted(d.message.body for d in first + rest) == [b"m1", b"m3", b"m5"]
