@@ -17,6 +17,7 @@ import lumberjack_cases
 import micromessage_cases
 import ndjson_cases
 import pytest
+import reactive_cases
 import segment_cases
 import template_cases
 import ttrpc_cases
@@ -31,6 +32,7 @@ CASES: list[CodecCase] = [
     *ndjson_cases.CASES,
     *template_cases.CASES,
     *micromessage_cases.CASES,
+    *reactive_cases.CASES,
 ]
 
 
@@ -47,6 +49,7 @@ CODEC_MODULES = [
     "interchange_ndjson.codec",
     "protocols._template.codec",
     "protocols.micromessage.codec",
+    "protocols.reactive.codec",
     "gateway.protocol.conformance",
 ]
 
