@@ -50,8 +50,6 @@ class Stage(enum.Enum):
     ACTIVE = "active"
     #: The publisher side owes onError (after a bad request).
     OWES_ERROR = "owes-error"
-    #: Cancelled by the subscriber: late elements are parsed and dropped.
-    CANCELLED = "cancelled"
 
 
 @dataclass(slots=True)
@@ -84,6 +82,8 @@ class MySubscriptions:
     def __init__(self, max_element: int) -> None:
         self.live: dict[int, Mine] = {}
         self.used: set[int] = set()
+        #: Cancelled by us, no terminal signal seen: what still arrives for them is dropped.
+        self.cancelled: set[int] = set()
         self.max_element = max_element
 
     # -- what I send -------------------------------------------------------------------
@@ -100,13 +100,13 @@ class MySubscriptions:
         sub.outstanding = add_demand(sub.outstanding, demand)
 
     def cancel(self, subscriber: int) -> None:
-        sub = self._mine(subscriber, "cancel")
-        sub.stage = Stage.CANCELLED
-        sub.split_id, sub.parts, sub.split_size = None, [], 0
+        self._mine(subscriber, "cancel")
+        del self.live[subscriber]  # reassembly abandoned
+        self.cancelled.add(subscriber)
 
     def _mine(self, subscriber: int, action: str) -> Mine:
         sub = self.live.get(subscriber)
-        if sub is None or sub.stage is Stage.CANCELLED:
+        if sub is None:
             raise LocalProtocolError(f"{action}: no live subscription {subscriber}")
         return sub
 
@@ -114,11 +114,13 @@ class MySubscriptions:
     def _get(self, subscriber: int, what: str) -> Mine | None:
         """The subscription a received signal is for; None: cancelled (drop it)."""
         sub = self.live.get(subscriber)
-        if sub is None:
-            if subscriber in self.used:
-                raise RemoteProtocolError(f"{what} for {subscriber}, which ended")
-            raise RemoteProtocolError(f"{what} for unknown subscription {subscriber}")
-        return None if sub.stage is Stage.CANCELLED else sub
+        if sub is not None:
+            return sub
+        if subscriber in self.cancelled:
+            return None
+        if subscriber in self.used:
+            raise RemoteProtocolError(f"{what} for {subscriber}, which ended")
+        raise RemoteProtocolError(f"{what} for unknown subscription {subscriber}")
 
     def subscribed(self, subscriber: int, element_size: int) -> bool:
         sub = self._get(subscriber, "subscribed")
@@ -132,10 +134,13 @@ class MySubscriptions:
     def ended(self, subscriber: int, what: str) -> bool:
         """onComplete/onError: the subscription leaves the table (False: it was cancelled)."""
         sub = self._get(subscriber, what)
-        if sub is not None and sub.split_id is not None:
+        if sub is None:
+            self.cancelled.discard(subscriber)  # its end: later signals are errors
+            return False
+        if sub.split_id is not None:
             raise RemoteProtocolError(f"{what} for {subscriber} inside a split element")
         del self.live[subscriber]
-        return sub is not None
+        return True
 
     def elements(self, subscriber: int, count: int, size: int | None = None) -> bool:
         """Charge ``count`` whole elements (``size``: each one's length, checked against
@@ -195,8 +200,9 @@ class MySubscriptions:
 
     def close_all(self) -> list[int]:
         """Goodbye: every live subscription ends; the ids not cancelled."""
-        ids = [i for i, sub in self.live.items() if sub.stage is not Stage.CANCELLED]
+        ids = list(self.live)
         self.live.clear()
+        self.cancelled.clear()
         return ids
 
 
@@ -220,8 +226,9 @@ class SubscriptionsToMe:
         self.live[subscriber] = Theirs(outstanding=min(initial_demand, MAX_DEMAND))
 
     def request(self, subscriber: int, demand: int) -> int | None:
-        """Add demand; the new outstanding, or None: the request was non-positive (the
-        stream now owes onError) or for a stream that ended (ignored)."""
+        """Add demand: the new outstanding; None: the request was non-positive (the
+        stream now owes onError); -1: for a stream that ended or owes onError (ignored:
+        it crossed our terminal signal)."""
         sub = self.live.get(subscriber)
         if sub is None:
             if subscriber in self.used:
