@@ -360,8 +360,8 @@ class MessageReader:
             except msgpack.OutOfData:
                 if not self._refill():
                     return None
-            except (ValueError, msgpack.UnpackException, RecursionError) as e:
-                # FormatError, StackError, ExtraData, limits exceeded, bad UTF-8.
+            except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as e:
+                # FormatError, StackError, limits exceeded, bad UTF-8, unhashable map keys.
                 raise RemoteProtocolError(f"not msgpack: {e}") from None
 
     def _refill(self) -> bool:

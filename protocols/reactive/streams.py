@@ -139,6 +139,8 @@ class MySubscriptions:
             return False
         if sub.split_id is not None:
             raise RemoteProtocolError(f"{what} for {subscriber} inside a split element")
+        if what == "onComplete" and sub.stage is not Stage.ACTIVE:
+            raise RemoteProtocolError(f"onComplete for {subscriber} before subscribed")
         del self.live[subscriber]
         return True
 

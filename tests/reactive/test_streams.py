@@ -183,6 +183,34 @@ def test_on_error_without_subscribed_is_a_rejection() -> None:
     ]
 
 
+def test_on_complete_before_subscribed_is_a_protocol_error() -> None:
+    client, server = pair()
+    feed(server, client.send(Subscribe("p", 1, 1)))
+    with pytest.raises(RemoteProtocolError):
+        feed(client, OnComplete(1))
+
+
+def test_a_signal_after_the_terminal_of_a_cancelled_subscription_is_an_error() -> None:
+    client, _server = subscribed(demand=1)
+    client.send(Cancel(1))
+    assert feed(client, OnComplete(1)) == []
+    with pytest.raises(RemoteProtocolError):
+        feed(client, OnNext(1, b"x"))
+
+
+def test_requests_above_the_maximum_saturate() -> None:
+    _client, server = subscribed(demand=0)
+    assert feed(server, Request(1, 2**64 - 1)) == [DemandAdded(1, 2**64 - 1, MAX_DEMAND)]
+
+
+def test_a_request_crossing_our_terminal_signal_is_ignored() -> None:
+    _client, server = subscribed(demand=1)
+    server.send(OnComplete(1))
+    assert feed(server, Request(1, 5)) == []
+    with pytest.raises(RemoteProtocolError):
+        feed(server, Request(77, 5))  # never subscribed
+
+
 def test_elements_before_subscribed_are_refused_both_sides() -> None:
     client, server = pair()
     feed(server, client.send(Subscribe("p", 1, 1)))
