@@ -15,9 +15,12 @@ from gateway.sdk import (
 )
 from protocols.reactive import (
     Accepted,
+    Cancel,
     Cancelled,
     ClientHello,
+    Completed,
     Connection,
+    DemandAdded,
     Elements,
     Failed,
     Goodbye,
@@ -26,7 +29,11 @@ from protocols.reactive import (
     GoodbyeReceived,
     Hello,
     Message,
+    OnComplete,
+    OnError,
     OnNext,
+    OnNextLastPart,
+    OnNextPart,
     Phase,
     Ping,
     Pinged,
@@ -319,3 +326,93 @@ def test_random_bytes_after_the_hello_only_raise_remote_protocol_errors(
 
 def test_need_data_at_first() -> None:
     assert Connection(Role.SERVER).next_event() is NEED_DATA
+
+
+_action = st.one_of(
+    st.tuples(st.just("subscribe"), st.integers(0, 4)),
+    st.tuples(st.just("request"), st.integers(1, 4)),
+    st.tuples(st.just("cancel"), st.just(0)),
+    st.tuples(st.just("accept"), st.sampled_from([0, 2])),
+    st.tuples(st.just("elements"), st.integers(1, 3)),
+    st.tuples(st.just("split"), st.integers(1, 3)),
+    st.tuples(st.just("complete"), st.just(0)),
+    st.tuples(st.just("reject"), st.just(0)),
+    st.tuples(st.just("ping"), st.just(0)),
+)
+
+
+def _act(
+    client: Connection, server: Connection, kind: str, n: int, sub: int
+) -> tuple[bytes, bytes, list[object], list[object]]:
+    """One action: (bytes to the server, bytes to the client, the events each expects)."""
+    live = sub in server.theirs.live
+    active = live and server.theirs.live[sub].stage.value == "active"
+    room = server.outstanding(sub) if live else 0
+    if kind == "subscribe" and sub not in client.mine.used:
+        return client.send(Subscribe("p", sub, n)), b"", [SubscribeRequested(sub, "p", n)], []
+    if kind == "request" and sub in client.mine.live:
+        wire = client.send(Request(sub, n))
+        return wire, b"", ([DemandAdded(sub, n, room + n)] if live else []), []
+    if kind == "cancel" and sub in client.mine.live:
+        return client.send(Cancel(sub)), b"", ([Cancelled(sub)] if live else []), []
+    if kind == "accept" and live and not active:
+        return b"", server.send(Subscribed(sub, n)), [], [Accepted(sub, n)]
+    size = server.theirs.live[sub].element_size if active else 0
+    mine = sub in client.mine.live
+    if kind == "elements" and active and room:
+        items = [bytes([65 + i]) * (size or i + 1) for i in range(min(n, room))]
+        return (
+            b"",
+            server.send_elements(sub, items),
+            [],
+            ([Elements(sub, tuple(items))] if mine else []),
+        )
+    if kind == "split" and active and room and not size:
+        wire = b"".join(server.send(OnNextPart(sub, 1, b"ab")) for _ in range(n - 1))
+        wire += server.send(OnNextLastPart(sub, 1, b"z"))
+        return b"", wire, [], ([Elements(sub, (b"ab" * (n - 1) + b"z",))] if mine else [])
+    if kind == "complete" and active:
+        return b"", server.send(OnComplete(sub)), [], ([Completed(sub)] if mine else [])
+    if kind == "reject" and live:
+        return b"", server.send(OnError(sub, "no")), [], ([Failed(sub, "no")] if mine else [])
+    if kind == "ping":
+        return client.send(Ping(b"k")), server.send(Pong(b"k")), [Pinged(b"k")], [Ponged(b"k")]
+    return b"", b"", [], []
+
+
+@given(st.lists(_action, max_size=25), st.integers(1, 12))
+def test_events_bytes_events(actions: list[tuple[str, int]], step: int) -> None:
+    """Every message sent comes out of the other side as the event it stands for, the
+    bytes cut anywhere; each action is delivered before the next is chosen."""
+    client, server = pair()
+    sub = 1
+    for kind, n in actions:
+        if kind == "subscribe" and sub in client.mine.used:
+            sub += 1
+        up, down, on_server, on_client = _act(client, server, kind, n, sub)
+        assert _feed_in_steps(server, up, step) == on_server
+        assert _merge(_feed_in_steps(client, down, step)) == on_client
+    assert client.held_bytes == server.held_bytes == 0
+
+
+def _feed_in_steps(conn: Connection, data: bytes, step: int) -> list[object]:
+    events: list[object] = []
+    for i in range(0, len(data), step):
+        events += feed(conn, data[i : i + step])
+    return events
+
+
+def _merge(events: list[object]) -> list[object]:
+    """Elements events of one subscription in a row, as one (reads cut them apart)."""
+    out: list[object] = []
+    for event in events:
+        last = out[-1] if out else None
+        if (
+            isinstance(event, Elements)
+            and isinstance(last, Elements)
+            and last.subscriber == event.subscriber
+        ):
+            out[-1] = Elements(event.subscriber, last.elements + event.elements)
+            continue
+        out.append(event)
+    return out
