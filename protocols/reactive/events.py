@@ -5,7 +5,8 @@
 :class:`Elements`, :class:`Completed`, :class:`Failed`) carry the ids I chose;
 events about *subscriptions to me* (:class:`SubscribeRequested`,
 :class:`DemandAdded`, :class:`Cancelled`, :class:`BadRequest`) carry the ids
-the peer chose. The end of input is the toolkit's
+the peer chose. What arrives for a subscription I cancelled (elements, its
+terminal signal) is parsed and dropped: no event. The end of input is the toolkit's
 :class:`~gateway.sdk.ConnectionClosed`.
 """
 
@@ -122,9 +123,10 @@ class Failed(Event):
 
 @dataclass(frozen=True, slots=True)
 class GoodbyeReceived(Event):
-    """The peer said goodbye: every stream ended (``failed``: my subscriptions, each
-    also reported as :class:`Failed`; ``cancelled``: subscriptions to me, each also
-    reported as :class:`Cancelled`). Unless it answered ours, we owe ``Goodbye``."""
+    """The peer said goodbye and every stream ended: the events that follow are one
+    :class:`Failed` (``"goodbye: <reason>"``) per subscription of mine and one
+    :class:`Cancelled` (same reason) per subscription to me. Unless it answers ours
+    (``answers_ours``), we owe ``Goodbye``."""
 
     reason: str
     answers_ours: bool
