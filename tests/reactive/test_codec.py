@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -416,3 +419,31 @@ def _merge(events: list[object]) -> list[object]:
             continue
         out.append(event)
     return out
+
+
+def test_over_a_real_socket_pair() -> None:
+    """Both roles over a connected socket pair: bytes as the kernel cuts them."""
+    a, b = socket.socketpair()
+    with a, b:
+        a.settimeout(10)
+        b.settimeout(10)
+        client, server = Connection(Role.CLIENT), Connection(Role.SERVER)
+        a.sendall(client.hello() + client.send(Subscribe("pub", 1, 1000)))
+        b.sendall(server.hello())
+        seen = _until(server, b, lambda ev: isinstance(ev, SubscribeRequested))
+        assert seen[-1] == SubscribeRequested(1, "pub", 1000)
+        items = [i.to_bytes(4, "big") * 4 for i in range(1000)]  # well within the buffers
+        b.sendall(server.send(Subscribed(1, 0)) + server.send_elements(1, items))
+        b.sendall(server.send(OnComplete(1)))
+        events = _until(client, a, lambda ev: isinstance(ev, Completed))
+        got = [e for ev in events if isinstance(ev, Elements) for e in ev.elements]
+        assert got == items
+        assert events[-1] == Completed(1)
+
+
+def _until(conn: Connection, sock: socket.socket, done: Callable[[object], bool]) -> list[object]:
+    """``conn``'s events from what ``sock`` receives, until ``done`` says so."""
+    events: list[object] = []
+    while not (events and done(events[-1])):
+        events += feed(conn, sock.recv(65536))
+    return events
