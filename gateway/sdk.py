@@ -12,9 +12,10 @@ stays free of I/O, while its driver imports ``Session`` from the same place.
 The names, by what they are for:
 
 * the model: ``Message``, ``Source``, ``PeerIdentity``, ``Outcome``,
-  ``Position``, ``Reply``, ``Receipt``, and ``Reason``, the code of a failed
-  receipt (``receipt.reason_code``), for a protocol that maps failures to its
-  own error codes;
+  ``Position``, ``Positions`` (one in every partition), ``Reply``,
+  ``Receipt``, and ``Reason``, the code of a failed receipt
+  (``receipt.reason_code``), for a protocol that maps failures to its own error
+  codes;
 * the hub as a protocol sees it: ``HubFacade``, ``Subscription``,
   ``Delivery``, ``StartAt``, ``StopAt``, ``EndOfStream``, ``Filter``,
   ``FilterError``;
@@ -59,7 +60,15 @@ if TYPE_CHECKING:
     )
     from gateway.core.facade import HubFacade
     from gateway.core.filters import Filter, FilterError
-    from gateway.core.model import Message, Outcome, PeerIdentity, Position, Reply, Source
+    from gateway.core.model import (
+        Message,
+        Outcome,
+        PeerIdentity,
+        Position,
+        Positions,
+        Reply,
+        Source,
+    )
     from gateway.core.reasons import Reason
     from gateway.core.receipts import Receipt
     from gateway.durable import envelope
@@ -116,7 +125,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     "FilterError": ("gateway.core.filters", "FilterError"),
     **{
         n: ("gateway.core.model", n)
-        for n in ("Message", "Outcome", "PeerIdentity", "Position", "Reply", "Source")
+        for n in ("Message", "Outcome", "PeerIdentity", "Position", "Positions", "Reply", "Source")
     },
     "Reason": ("gateway.core.reasons", "Reason"),
     "Receipt": ("gateway.core.receipts", "Receipt"),
@@ -217,6 +226,7 @@ __all__ = [
     "PluginEnv",
     "PluginError",
     "Position",
+    "Positions",
     "ProtocolError",
     "ProtocolPlugin",
     "Reason",

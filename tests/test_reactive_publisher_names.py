@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.core.filters import Filter
+from gateway.sdk import Filter
 from protocols.reactive.publisher_names import PublisherName, exposed, parse_publisher
 
 

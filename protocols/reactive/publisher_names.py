@@ -31,7 +31,7 @@ from fnmatch import fnmatchcase
 from typing import Literal
 from urllib.parse import unquote
 
-from gateway.core.filters import Filter, FilterError
+from gateway.sdk import Filter, FilterError
 
 __all__ = ["PublisherName", "exposed", "parse_publisher"]
 
