@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.sdk import Filter
+from gateway.sdk import Filter, Positions
 from protocols.reactive.publisher_names import PublisherName, exposed, parse_publisher
 
 
@@ -28,6 +28,13 @@ def test_every_key() -> None:
     assert parse_publisher("logs?from=latest").start == "latest"
 
 
+def test_positions_in_every_partition_for_a_reconnecting_subscriber() -> None:
+    got = parse_publisher("logs?group=g&from=0:17,1:4&to=0:20,1:9")
+    assert got.start == Positions({0: 17, 1: 4})
+    assert got.end == Positions({0: 20, 1: 9})
+    assert parse_publisher("logs?from=0%3A17%2C1%3A4").start == Positions({0: 17, 1: 4})
+
+
 def test_names_and_values_are_percent_decoded() -> None:
     got = parse_publisher("a%3Fb?group=x%26y&filter=%5B%5B%22n%22%2C%22%3E%3D%22%2C18%5D%5D")
     assert (got.destination, got.group) == ("a?b", "x&y")
@@ -43,9 +50,10 @@ def test_names_and_values_are_percent_decoded() -> None:
         ("logs?grp=g", "unknown publisher query key 'grp'"),
         ("logs?group=a&group=b", "given twice"),
         ("logs?group=", "group must not be empty"),
-        ("logs?from=soon", "from must be earliest, latest or an offset"),
-        ("logs?from=-1", "from must be earliest, latest or an offset"),
-        ("logs?to=earliest", "to must be latest or an offset"),
+        ("logs?from=soon", "from must be earliest, latest, an offset"),
+        ("logs?from=-1", "from must be earliest, latest, an offset"),
+        ("logs?to=earliest", "to must be latest, an offset"),
+        ("logs?from=0:1,0:2", "from: "),
         ("logs?filter={", "filter is not JSON"),
         ('logs?filter=["x"]', "filter: "),
         ("logs%FF", "can't decode"),

@@ -4,12 +4,15 @@ The protocol leaves the publisher string opaque. The gateway reads it as a
 destination name with an optional query, URL-style::
 
     NAME
-    NAME?group=G&from=earliest|latest|OFFSET&to=OFFSET|latest&filter=JSON
+    NAME?group=G&from=earliest|latest|OFFSET|POSITIONS&to=latest|OFFSET|POSITIONS&filter=JSON
 
 * ``group``: a named, resumable group (absent: a group of one);
 * ``from``: where a new group starts reading a log (absent: the destination's
   default, ``latest``); ``to``: the exclusive end of a finite read, after which
-  the stream completes (``onComplete``);
+  the stream completes (``onComplete``). An offset applies to every partition;
+  POSITIONS names one per partition, ``0:17,1:4`` (the core's ``Positions``
+  text form), which is what a subscriber that reconnects to a partitioned
+  destination resumes from;
 * ``filter``: a JSON filter as the core reads it (an object of header
   equalities, or a list of ``[key, op, value]`` conditions).
 
@@ -31,7 +34,7 @@ from fnmatch import fnmatchcase
 from typing import Literal
 from urllib.parse import unquote
 
-from gateway.sdk import Filter, FilterError
+from gateway.sdk import Filter, FilterError, Positions
 
 __all__ = ["PublisherName", "exposed", "parse_publisher"]
 
@@ -47,8 +50,8 @@ class PublisherName:
 
     destination: str
     group: str | None = None
-    start: Literal["earliest", "latest"] | int | None = None
-    end: Literal["latest"] | int | None = None
+    start: Literal["earliest", "latest"] | int | Positions | None = None
+    end: Literal["latest"] | int | Positions | None = None
     filter: Filter | None = None
 
 
@@ -102,13 +105,20 @@ def _group(value: str | None) -> str | None:
     return value
 
 
-def _offset(value: str, key: str, words: str) -> int:
+def _offset(value: str, key: str, words: str) -> int | Positions:
+    if ":" in value:
+        try:
+            return Positions.parse(value)
+        except ValueError as e:
+            raise ValueError(f"{key}: {e}") from None
     if not value.isascii() or not value.isdigit():
-        raise ValueError(f"{key} must be {words} or an offset (digits), not {value!r}")
+        raise ValueError(
+            f"{key} must be {words}, an offset (digits) or positions (0:17,1:4), not {value!r}"
+        )
     return int(value)
 
 
-def _start(value: str | None) -> Literal["earliest", "latest"] | int | None:
+def _start(value: str | None) -> Literal["earliest", "latest"] | int | Positions | None:
     if value is None:
         return None
     if value == "earliest":
@@ -118,7 +128,7 @@ def _start(value: str | None) -> Literal["earliest", "latest"] | int | None:
     return _offset(value, "from", "earliest, latest")
 
 
-def _end(value: str | None) -> Literal["latest"] | int | None:
+def _end(value: str | None) -> Literal["latest"] | int | Positions | None:
     if value is None:
         return None
     if value == "latest":
