@@ -155,8 +155,8 @@ class Connection(Lifecycle):
     def _release(self) -> None:
         self._reader.drop()
         self._stashed = None
-        for sub in self.mine.live.values():
-            sub.parts, sub.split_size = [], 0
+        self.mine.close_all()
+        self.theirs.close_all()
         super()._release()
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
@@ -301,11 +301,11 @@ class Connection(Lifecycle):
                 return Accepted(message.subscriber, message.element_size)
             return None
         if isinstance(message, m.OnComplete):
-            if self.mine.ended(message.subscriber, "onComplete"):
+            if self.mine.terminated(message.subscriber, "onComplete"):
                 return Completed(message.subscriber)
             return None
         if isinstance(message, m.OnError):
-            if self.mine.ended(message.subscriber, "onError"):
+            if self.mine.terminated(message.subscriber, "onError"):
                 return Failed(message.subscriber, message.error)
             return None
         if isinstance(message, m.Ping):
@@ -338,6 +338,8 @@ class Connection(Lifecycle):
             return self._send_goodbye(message)
         self._check_send(f"send {type(message).__name__}")
         self._check_phase(message)
+        if isinstance(message, m.Request | m.Cancel) and self.mine.ended(message.subscriber):
+            return b""  # RS §3.6, §3.7: after cancel or a terminal signal, a no-op
         self._apply(message)
         return m.encode(message)
 

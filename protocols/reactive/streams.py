@@ -104,6 +104,10 @@ class MySubscriptions:
         del self.live[subscriber]  # reassembly abandoned
         self.cancelled.add(subscriber)
 
+    def ended(self, subscriber: int) -> bool:
+        """Whether ``subscriber`` was used and is over (cancelled, or terminated)."""
+        return subscriber in self.used and subscriber not in self.live
+
     def _mine(self, subscriber: int, action: str) -> Mine:
         sub = self.live.get(subscriber)
         if sub is None:
@@ -131,7 +135,7 @@ class MySubscriptions:
         sub.stage, sub.element_size = Stage.ACTIVE, element_size
         return True
 
-    def ended(self, subscriber: int, what: str) -> bool:
+    def terminated(self, subscriber: int, what: str) -> bool:
         """onComplete/onError: the subscription leaves the table (False: it was cancelled)."""
         sub = self._get(subscriber, what)
         if sub is None:

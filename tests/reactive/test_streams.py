@@ -54,6 +54,8 @@ def test_demand_saturates_and_then_is_unbounded() -> None:
 
 def test_a_request_of_zero_is_a_stream_error_owing_on_error() -> None:
     client, server = subscribed(demand=1)
+    with pytest.raises(LocalProtocolError):
+        client.send(Request(1, 0))  # our side refuses to send it at all
     assert feed(server, Request(1, 0)) == [BadRequest(1, NON_POSITIVE_REQUEST)]
     with pytest.raises(LocalProtocolError):
         server.send(OnNext(1, b"x"))  # the stream owes onError, nothing else
@@ -62,8 +64,6 @@ def test_a_request_of_zero_is_a_stream_error_owing_on_error() -> None:
     assert feed(client, server.send(OnError(1, NON_POSITIVE_REQUEST))) == [
         Failed(1, NON_POSITIVE_REQUEST)
     ]
-    with pytest.raises(LocalProtocolError):
-        client.send(Request(1, 0))  # our side refuses to send it at all
 
 
 def test_packed_elements_count_each() -> None:
@@ -157,8 +157,10 @@ def test_cancel_abandons_reassembly_and_late_elements_are_dropped() -> None:
     late += server.send(OnComplete(1))
     assert feed(client, late) == []  # parsed and dropped: no events
     assert feed(server, cancel) == []  # the stream had ended: a cancel for it is ignored
+    assert client.send(Request(1, 1)) == b""  # RS §3.6: a no-op after cancel
+    assert client.send(Cancel(1)) == b""  # cancel is idempotent
     with pytest.raises(LocalProtocolError):
-        client.send(Request(1, 1))
+        client.send(Cancel(99))  # never subscribed
 
 
 def test_a_cancel_reaches_the_publisher() -> None:
