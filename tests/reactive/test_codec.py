@@ -31,6 +31,7 @@ from protocols.reactive import (
     GoodbyeAnswered,
     GoodbyeReceived,
     Hello,
+    Limits,
     Message,
     OnComplete,
     OnError,
@@ -447,3 +448,45 @@ def _until(conn: Connection, sock: socket.socket, done: Callable[[object], bool]
     while not (events and done(events[-1])):
         events += feed(conn, sock.recv(65536))
     return events
+
+
+def test_sending_goodbye_ends_every_stream_on_our_side_too() -> None:
+    client, server = subscribed(demand=2)
+    feed(client, server.send(Subscribe("back", 4, 1)))
+    client.send(Goodbye("leaving"))
+    assert client.mine.live == {}
+    assert client.theirs.live == {}
+    with pytest.raises(LocalProtocolError):
+        client.send_elements(4, [b"x"])
+
+
+_CONVERSATION = bytes.fromhex("93 01 00 91 01") + b"".join(
+    bytes.fromhex(h)
+    for h in (
+        "94 05 a3 70 75 62 01 03",
+        "93 06 01 02",
+        "92 40 c4 01 70",
+        "94 05 a3 70 75 62 02 00",
+        "92 07 01",
+        "92 03 a3 62 79 65",
+    )
+)
+
+
+@given(st.lists(st.tuples(st.integers(0, len(_CONVERSATION) - 1), st.integers(0, 255)), max_size=6))
+def test_a_mutated_conversation_only_raises_remote_protocol_errors(
+    mutations: list[tuple[int, int]],
+) -> None:
+    data = bytearray(_CONVERSATION)
+    for where, value in mutations:
+        data[where] = value
+    server = Connection(Role.SERVER, Limits(max_message=256, max_str=16, max_array=8))
+    try:
+        for i in range(0, len(data), 3):
+            feed(server, bytes(data[i : i + 3]))
+            assert server.held_bytes <= 256
+        server.receive_data(b"")
+        assert drain(server)[-1:] == [ConnectionClosed()]
+    except RemoteProtocolError:
+        assert server.state is CodecState.ERROR
+        assert server.held_bytes == 0
