@@ -5,7 +5,8 @@ takes bytes (``b""``: the peer closed), ``next_event`` returns the next
 :mod:`.events` event, :data:`NEED_DATA` or ``ConnectionClosed``, ``send``
 turns one :mod:`.messages` message into bytes after checking that the state
 allows it (:class:`LocalProtocolError` otherwise, nothing changed), and
-``send_elements`` encodes many elements of one subscription in one call.
+``send_elements`` encodes many elements of one subscription in one call
+(``send_split`` one element in parts).
 Errors of the peer are :class:`RemoteProtocolError` (the codec is then in
 ``ERROR``): the driver sends ``Goodbye(goodbye_reason(error))`` (still
 allowed) and closes.
@@ -144,6 +145,7 @@ class Connection(Lifecycle):
         self._queued: deque[Event] = deque()
         self._stashed: m.Message | None = None
         self._packer = msgpack.Packer(use_bin_type=True)
+        self._element_id = 0
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -426,3 +428,28 @@ class Connection(Lifecycle):
             packed: bytes = pack([12, subscriber, len(elements), b"".join(elements)])
             return packed
         return b"".join([pack([9, subscriber, e]) for e in elements])
+
+    def send_split(self, subscriber: int, element: bytes, part_size: int) -> bytes:
+        """One element for a subscription to me, in parts of ``part_size`` bytes
+        (``onNextPart``..., ``onNextLastPart``; for elements too large for one message),
+        charged one element of demand. Its element id is the connection's next."""
+        if part_size < 1:
+            raise LocalProtocolError(f"send_split: a part of {part_size} bytes")
+        self._check_send("send a split element")
+        self._check_phase(m.OnNext(subscriber, b""))
+        sub = self.theirs.get(subscriber, "send_split")
+        if sub.split_id is not None:
+            raise LocalProtocolError(f"send_split: a split element of {subscriber} is open")
+        self.theirs.part(subscriber, self._element_id, last=True)  # checks and charges
+        element_id, self._element_id = self._element_id, self._element_id + 1
+        pack = self._packer.pack
+        cuts = range(0, max(len(element), 1), part_size)
+        last = cuts[-1]
+        return b"".join(
+            [
+                pack(
+                    [14 if at == last else 13, subscriber, element_id, element[at : at + part_size]]
+                )
+                for at in cuts
+            ]
+        )

@@ -295,3 +295,23 @@ def test_send_elements_refuses_beyond_demand_and_changes_nothing() -> None:
         server.send_elements(1, [b"a", b"b", b"c"])
     assert server.outstanding(1) == 2
     assert server.send_elements(1, []) == b""
+
+
+def test_send_split_cuts_one_element_into_parts_charged_once() -> None:
+    client, server = subscribed(demand=2)
+    wire = server.send_split(1, b"abcdefg", 3)
+    assert wire == bytes.fromhex(
+        "94 0d 01 00 c4 03 61 62 63  94 0d 01 00 c4 03 64 65 66  94 0e 01 00 c4 01 67"
+    )
+    assert server.outstanding(1) == 1
+    wire += server.send_split(1, b"", 3)  # an empty element: one last part
+    assert feed(client, wire) == [Elements(1, (b"abcdefg", b""))]
+    with pytest.raises(LocalProtocolError):
+        server.send_split(1, b"x", 3)  # no demand left
+
+
+def test_send_split_is_refused_with_a_fixed_element_size() -> None:
+    _client, server = subscribed(element_size=4, demand=2)
+    with pytest.raises(LocalProtocolError):
+        server.send_split(1, b"abcd", 2)
+    assert server.outstanding(1) == 2
