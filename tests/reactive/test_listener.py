@@ -244,3 +244,56 @@ async def test_protocol_error_gets_goodbye_protocol_error() -> None:
         event = await peer.event()
         assert isinstance(event, GoodbyeReceived)
         assert event.reason.startswith("protocol-error:")
+
+
+@asynccontextmanager
+async def connected(gw: Gateway) -> AsyncIterator[Peer]:
+    """Another peer of the same gateway, past the hellos."""
+    host, port = host_port(gw.addresses["rs"][0])
+    async with await trio.open_tcp_stream(host, port) as stream:
+        peer = Peer(stream)
+        await stream.send_all(peer.codec.hello())
+        assert isinstance(await peer.event(), Hello)
+        yield peer
+
+
+async def reconnect_to_group(ack: str) -> list[bytes]:
+    """A group member takes two elements, requests one more, and leaves; what the next
+    member of the group gets."""
+    async with gateway(ack=ack) as (gw, peer):
+        await publish(gw, "logs", b"a", b"b", b"c")
+        await peer.send(Subscribe("logs?group=g&from=earliest", 1, 2))
+        assert await peer.event() == Accepted(1, 0)
+        assert await peer.elements(1, 2) == [b"a", b"b"]
+        await peer.send(Request(1, 1))  # "a" processed
+        assert await peer.elements(1, 1) == [b"c"]
+        await peer.stream.aclose()
+        async with connected(gw) as again:
+            await again.send(Subscribe("logs?group=g", 1, 10))
+            assert await again.event() == Accepted(1, 0)
+            return [e for event in await again.quiet() for e in event.elements]
+
+
+async def test_ack_demand_redelivers_what_the_peer_had_not_processed() -> None:
+    assert await reconnect_to_group("demand") == [b"b", b"c"]
+
+
+async def test_ack_written_is_at_most_once() -> None:
+    assert await reconnect_to_group("written") == []
+
+
+async def test_no_hello_within_the_handshake_timeout_closes() -> None:
+    async with running_gateway(
+        config(handshake_timeout="0.05s"), registry=registered(ReactivePlugin)
+    ) as gw:
+        host, port = host_port(gw.addresses["rs"][0])
+        async with await trio.open_tcp_stream(host, port) as stream:
+            peer = Peer(stream)
+            assert isinstance(await peer.event(), Hello)  # the server's, at once
+            assert isinstance(await peer.event(), ConnectionClosed)
+
+
+def test_the_embedded_default_exposes_its_own_destination() -> None:
+    listener = ReactivePlugin.default_listener()
+    assert listener["publishers"] == [listener["destination"]]
+    assert ReactivePlugin.listener_options["publishers"].default == []
