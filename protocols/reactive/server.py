@@ -18,7 +18,8 @@
 * **Acks to the hub**: ``written`` (at most once): a batch is acked once
   written to the socket. ``demand`` (at least once for a named group): the
   k-th element of a stream is acked once the peer has requested k more than
-  its initial demand, since a peer requests more only after processing.
+  its initial demand, since a peer requests more only after processing
+  (an unbounded demand: as sent; a completed stream: with its onComplete).
 * **Ending**: ``cancel`` closes the stream's subscription (what was not acked
   goes back to the group); a non-positive ``request`` is answered with the
   codec's ``onError`` and closes it too; a goodbye is answered with a goodbye
@@ -182,6 +183,8 @@ class ReactiveSession(Session):
         except (ValueError, LookupError) as e:
             self._send(m.OnError(sid, str(e)))
             return
+        if event.initial_demand >= m.MAX_DEMAND:
+            stream.processed = m.MAX_DEMAND  # unbounded: it will never request
         self._send(m.Subscribed(sid, stream.element_size))
         assert self.subscriber is not None
         self.streams[sid] = stream
@@ -222,7 +225,10 @@ class ReactiveSession(Session):
             return
         stream.feed.grant(event.demand)
         if self.ack_on_demand:
-            stream.processed = min(stream.processed + event.demand, m.MAX_DEMAND)
+            if event.outstanding >= m.MAX_DEMAND:
+                stream.processed = m.MAX_DEMAND  # unbounded now: no request follows
+            else:
+                stream.processed = min(stream.processed + event.demand, m.MAX_DEMAND)
             self._settle(stream)
 
     def _close(self, sid: int) -> None:

@@ -20,6 +20,7 @@ from gateway.core.model import Message
 from gateway.runtime.gateway import Gateway
 from gateway.sdk import NEED_DATA, ConnectionClosed
 from protocols.reactive import (
+    MAX_DEMAND,
     Accepted,
     Cancel,
     Completed,
@@ -297,3 +298,29 @@ def test_the_embedded_default_exposes_its_own_destination() -> None:
     listener = ReactivePlugin.default_listener()
     assert listener["publishers"] == [listener["destination"]]
     assert ReactivePlugin.listener_options["publishers"].default == []
+
+
+async def test_a_subscription_the_hub_refuses_gets_on_error() -> None:
+    async with gateway() as (_gw, peer):
+        await peer.send(Subscribe("metrics/cpu?from=earliest", 4, 1))  # a topic: no log
+        event = await peer.event()
+        assert isinstance(event, Failed)
+        assert event.subscriber == 4
+
+
+async def test_ack_demand_with_unbounded_demand_acks_as_sent() -> None:
+    async with gateway(ack="demand", max_unacked=2) as (gw, peer):
+        await publish(gw, "logs", *(b"%d" % i for i in range(5)))
+        await peer.send(Subscribe("logs?from=earliest", 1, MAX_DEMAND))
+        assert await peer.event() == Accepted(1, 0)
+        assert await peer.elements(1, 5) == [b"0", b"1", b"2", b"3", b"4"]
+
+
+async def test_ack_demand_window_moves_with_requests() -> None:
+    async with gateway(ack="demand", max_unacked=2) as (gw, peer):
+        await publish(gw, "logs", *(b"%d" % i for i in range(4)))
+        await peer.send(Subscribe("logs?from=earliest", 1, 2))
+        assert await peer.event() == Accepted(1, 0)
+        assert await peer.elements(1, 2) == [b"0", b"1"]
+        await peer.send(Request(1, 2))  # both processed: acked, room for two more
+        assert await peer.elements(1, 2) == [b"2", b"3"]
