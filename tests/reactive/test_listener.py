@@ -324,3 +324,29 @@ async def test_ack_demand_window_moves_with_requests() -> None:
         assert await peer.elements(1, 2) == [b"0", b"1"]
         await peer.send(Request(1, 2))  # both processed: acked, room for two more
         assert await peer.elements(1, 2) == [b"2", b"3"]
+
+
+async def test_filter_and_percent_encoding_in_the_publisher_string() -> None:
+    async with gateway() as (gw, peer):
+        await gw.hub.publish(
+            [Message("logs", b"%d" % i, {"level": lvl}) for i, lvl in enumerate("ewew")]
+        )
+        await peer.send(Subscribe("logs?from=earliest&filter=%7B%22level%22%3A%22e%22%7D", 1, 9))
+        assert await peer.event() == Accepted(1, 0)
+        assert await peer.elements(1, 2) == [b"0", b"2"]
+        assert await peer.quiet() == []
+
+
+async def test_streams_of_one_connection_have_their_own_demand() -> None:
+    async with gateway() as (gw, peer):
+        await publish(gw, "logs", b"a", b"b", b"c")
+        await peer.send(
+            Subscribe("logs?from=earliest", 1, 1), Subscribe("logs?from=earliest", 2, 3)
+        )
+        events = await peer.quiet()
+        assert [e for e in events if isinstance(e, Accepted)] == [Accepted(1, 0), Accepted(2, 0)]
+        got: dict[int, list[bytes]] = {1: [], 2: []}
+        for event in events:
+            if isinstance(event, Elements):
+                got[event.subscriber] += event.elements
+        assert got == {1: [b"a"], 2: [b"a", b"b", b"c"]}
