@@ -350,3 +350,13 @@ async def test_streams_of_one_connection_have_their_own_demand() -> None:
             if isinstance(event, Elements):
                 got[event.subscriber] += event.elements
         assert got == {1: [b"a"], 2: [b"a", b"b", b"c"]}
+
+
+async def test_a_subscription_closed_under_the_stream_ends_it_with_on_error() -> None:
+    async with gateway() as (gw, peer):
+        await peer.send(Subscribe("metrics/cpu", 1, 5))
+        assert await peer.event() == Accepted(1, 0)
+        gw.hub.destinations()["metrics/cpu"].close()  # as when the hub closes
+        event = await peer.event()
+        assert isinstance(event, Failed)
+        assert "closed" in event.error
