@@ -45,6 +45,7 @@ from gateway.sdk import (
     ServerConnection,
     Session,
     Subscriber,
+    Subscription,
 )
 
 from . import messages as m
@@ -73,7 +74,6 @@ class Stream:
 
     id: int
     element_size: int
-    initial_demand: int
     feed: Feed | None = None
     #: Bodies handed to ``send`` and not yet encoded (``ack = "written"``).
     pending: list[bytes] = field(default_factory=list)
@@ -179,7 +179,7 @@ class ReactiveSession(Session):
             name = parse_publisher(event.publisher)
             if not exposed(name.destination, self.publishers):
                 raise LookupError(f"publisher {name.destination!r} is not exposed")
-            stream, sub = self._open(sid, name, event.initial_demand)
+            stream, sub = self._open(sid, name)
         except (ValueError, LookupError) as e:
             self._send(m.OnError(sid, str(e)))
             return
@@ -205,7 +205,8 @@ class ReactiveSession(Session):
                 credit=event.initial_demand,
             )
 
-    def _open(self, sid: int, name: PublisherName, demand: int) -> tuple[Stream, Any]:
+    def _open(self, sid: int, name: PublisherName) -> tuple[Stream, Subscription]:
+        """The stream and its hub subscription (ValueError, LookupError: refused)."""
         hub = self.conn.hub
         size = hub.info(name.destination).element_size or 0
         sub = hub.subscribe(
@@ -217,7 +218,7 @@ class ReactiveSession(Session):
             filter=name.filter,
             positions=False,  # elements carry bodies only
         )
-        return Stream(sid, size, demand), sub
+        return Stream(sid, size), sub
 
     def _demand(self, event: DemandAdded) -> None:
         stream = self.streams.get(event.subscriber)

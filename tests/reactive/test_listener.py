@@ -226,17 +226,21 @@ async def test_client_goodbye_is_answered_and_the_connection_closes() -> None:
         assert isinstance(await peer.event(), ConnectionClosed)
 
 
-async def test_gateway_says_goodbye_when_it_drains() -> None:
-    async with gateway() as (gw, peer):
+@pytest.mark.parametrize("ack", ["written", "demand"])
+async def test_gateway_says_goodbye_when_it_drains(ack: str) -> None:
+    async with gateway(ack=ack) as (gw, peer):
         await peer.send(Subscribe("logs", 1, 5))
         assert await peer.event() == Accepted(1, 0)
+        await publish(gw, "logs", b"unprocessed")
+        assert await peer.elements(1, 1) == [b"unprocessed"]
         gw.shutdown()
         event = await peer.event()
         assert isinstance(event, GoodbyeReceived)
         assert "shutting down" in event.reason
         assert isinstance(await peer.event(), Failed)  # our subscription ended with it
         await peer.send(Goodbye("bye"))
-        assert isinstance(await peer.event(), ConnectionClosed)
+        # At once, not after the drain timeout: nothing more can be acked.
+        assert isinstance(await peer.event(timeout=0.5), ConnectionClosed)
 
 
 async def test_protocol_error_gets_goodbye_protocol_error() -> None:
