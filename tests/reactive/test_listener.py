@@ -364,3 +364,27 @@ async def test_a_subscription_closed_under_the_stream_ends_it_with_on_error() ->
         event = await peer.event()
         assert isinstance(event, Failed)
         assert "closed" in event.error
+
+
+async def test_cancel_hands_unprocessed_elements_back_to_the_group() -> None:
+    async with gateway(ack="demand") as (gw, peer):
+        await publish(gw, "logs", b"a", b"b")
+        await peer.send(Subscribe("logs?group=g&from=earliest", 1, 2))
+        assert await peer.event() == Accepted(1, 0)
+        assert await peer.elements(1, 2) == [b"a", b"b"]
+        await peer.send(Cancel(1), Subscribe("logs?group=g", 2, 5))
+        assert await peer.event() == Accepted(2, 0)
+        assert await peer.elements(2, 2) == [b"a", b"b"]
+
+
+async def test_a_subscribe_pipelined_after_the_hello_is_served() -> None:
+    async with running_gateway(config(), registry=registered(ReactivePlugin)) as gw:
+        await publish(gw, "logs", b"early")
+        host, port = host_port(gw.addresses["rs"][0])
+        async with await trio.open_tcp_stream(host, port) as stream:
+            peer = Peer(stream)
+            hello = peer.codec.hello()
+            await stream.send_all(hello + peer.codec.send(Subscribe("logs?from=earliest", 1, 1)))
+            assert isinstance(await peer.event(), Hello)
+            assert await peer.event() == Accepted(1, 0)
+            assert await peer.elements(1, 1) == [b"early"]
