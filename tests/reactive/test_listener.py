@@ -13,10 +13,18 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from harness import host_port, running_gateway
 from toy_line import registered
 
+from gateway.config.loader import parse
+from gateway.core.facade import HubFacade
+from gateway.core.hub import Hub
 from gateway.core.model import Message
+from gateway.core.routing import Router
+from gateway.core.topic import TopicLimits
+from gateway.protocol.plugin import ConnectionInfo, ServerConnection
+from gateway.runtime.catalog import Catalog
 from gateway.runtime.gateway import Gateway
 from gateway.sdk import NEED_DATA, ConnectionClosed
 from protocols.reactive import (
@@ -67,7 +75,7 @@ def config(**options: Any) -> dict[str, Any]:
 class Peer:
     """A reactive-streams client over a socket: the codec plus reads with guards."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
         self.codec = Connection(Role.CLIENT)
 
@@ -287,15 +295,31 @@ async def test_ack_written_is_at_most_once() -> None:
     assert await reconnect_to_group("written") == []
 
 
-async def test_no_hello_within_the_handshake_timeout_closes() -> None:
-    async with running_gateway(
-        config(handshake_timeout="0.05s"), registry=registered(ReactivePlugin)
-    ) as gw:
-        host, port = host_port(gw.addresses["rs"][0])
-        async with await trio.open_tcp_stream(host, port) as stream:
-            peer = Peer(stream)
-            assert isinstance(await peer.event(), Hello)  # the server's, at once
-            assert isinstance(await peer.event(), ConnectionClosed)
+async def test_no_hello_within_the_handshake_timeout_closes(autojump_clock: Any) -> None:
+    parsed = parse(
+        config(handshake_timeout="3s"), source="<t>", registry=registered(ReactivePlugin)
+    )
+    limits = parsed.gateway.limits
+    catalog = Catalog(
+        parsed.destinations, TopicLimits(limits.buffer_bytes, limits.buffer_messages, None)
+    )
+    hub = Hub(Router(parsed.routes), limits, providers=[catalog])
+    near, far = trio.testing.memory_stream_pair()
+    info = ConnectionInfo("reactive", "rs", "silent")
+    conn = ServerConnection(far, info, parsed.listeners[0], HubFacade(hub), trio.Event())
+
+    async def serve() -> None:  # as the runtime does: close once served
+        async with far:
+            await ReactivePlugin().serve(conn)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        peer = Peer(near)
+        start = trio.current_time()
+        assert isinstance(await peer.event(timeout=60), Hello)  # the server's, at once
+        assert trio.current_time() == start
+        assert isinstance(await peer.event(timeout=60), ConnectionClosed)
+        assert trio.current_time() - start == pytest.approx(3.0)
 
 
 def test_the_embedded_default_exposes_its_own_destination() -> None:
