@@ -170,13 +170,20 @@ async def answer_in_pieces(stream: Stream, split: int) -> int:
     return len(ways)
 
 
+async def answer_in_pieces_into(stream: Stream, split: int, ways: list[int]) -> None:
+    ways.append(await answer_in_pieces(stream, split))
+
+
 async def test_the_upgrade_answer_split_at_every_byte() -> None:
     split, ways = 0, 1
+    answered: list[int] = []
     while split < ways:
         ours, theirs = trio.testing.memory_stream_pair()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(client_handshake, ours, parse_ws_address("ws://h:1/p"))
-            ways = await answer_in_pieces(theirs, split)
+            nursery.start_soon(answer_in_pieces_into, theirs, split, answered)
+            stream = await client_handshake(ours, parse_ws_address("ws://h:1/p"))
+            assert await read(stream, 5) == b"after"  # the message that came with the 101
+        ways = answered[-1]
         split += 1
     assert ways > 100
 
