@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from interchange_websocket.address import parse_ws_address
 from interchange_websocket.handshake import client_handshake, server_handshake
 from interchange_websocket.stream import CLOSE_TIMEOUT, WebSocketStream
@@ -423,3 +427,41 @@ async def test_a_hang_up_during_the_handshake_fails_it() -> None:
     await theirs.aclose()
     with pytest.raises(RemoteProtocolError, match="closed during the opening handshake"):
         await server_handshake(ours, parse_ws_address("ws://h:1/p"))
+
+
+# -- whatever the peer sends ------------------------------------------------------------
+
+
+async def drain(stream: WebSocketStream) -> None:
+    """Read to the end; only the end of the stream or RemoteProtocolError may come out."""
+    with contextlib.suppress(RemoteProtocolError):
+        while await stream.receive_some(7):
+            pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(junk=st.binary(max_size=300), limit=st.integers(1, 64))
+def test_random_bytes_after_the_handshake_only_raise_remote_protocol_error(
+    junk: bytes, limit: int
+) -> None:
+    async def main() -> None:
+        stream, peer = await opened(f"ws://h:1/p?max_message={limit}")
+        await peer.stream.send_all(junk)
+        await peer.stream.aclose()
+        await drain(stream)
+        await stream.aclose()
+
+    trio.run(main)
+
+
+@settings(max_examples=200, deadline=None)
+@given(junk=st.binary(max_size=300))
+def test_random_requests_are_answered_or_refused_never_crash(junk: bytes) -> None:
+    async def main() -> None:
+        ours, theirs = trio.testing.memory_stream_pair()
+        await theirs.send_all(junk)
+        await theirs.aclose()
+        with contextlib.suppress(RemoteProtocolError):
+            await server_handshake(ours, parse_ws_address("ws://h:1/p"))
+
+    trio.run(main)

@@ -232,3 +232,22 @@ async def test_ws_with_a_tls_table_is_refused_naming_the_mistake(
             while await stream.receive_some():
                 pass  # closed without a close_notify: that is fine here
         assert "write wss://, not ws://" in caplog.text
+
+
+async def test_pings_are_answered_and_a_message_too_big_closes_1009() -> None:
+    bind = "ws://127.0.0.1:0/nd?max_message=100"
+    async with running_gateway({"listeners": [listener(bind)]}, registry=registry()) as gw:
+        [url] = gw.addresses["ws"]
+
+        def conversation() -> tuple[bool, int | None]:
+            with open_ws(url) as ws:
+                ponged = ws.ping(b"are you there").wait(10)
+                ws.send(b'{"op":"ping"}' + b" " * 200 + b"\n")
+                try:
+                    while True:
+                        ws.recv(timeout=10)
+                except Exception:  # websockets' ConnectionClosedError
+                    pass
+                return ponged, ws.close_code
+
+        assert await trio.to_thread.run_sync(conversation) == (True, 1009)
