@@ -251,3 +251,35 @@ async def test_pings_are_answered_and_a_message_too_big_closes_1009() -> None:
                 return ponged, ws.close_code
 
         assert await trio.to_thread.run_sync(conversation) == (True, 1009)
+
+
+async def test_an_upgrade_that_never_completes_is_closed_after_handshake_timeout(
+    autojump_clock: trio.abc.Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = {"listeners": [listener(handshake_timeout="20s")]}
+    async with running_gateway(config, registry=registry()) as gw:
+        [url] = gw.addresses["ws"]
+        started = trio.current_time()
+        silent = await trio.open_tcp_stream(*host_port(url.removeprefix("ws://").split("/")[0]))
+        await silent.send_all(b"GET /nd HTTP/1.1\r\nHost: x\r\n")  # and never the end
+        with trio.fail_after(60):
+            assert await silent.receive_some() == b""
+        assert 20 <= trio.current_time() - started < 60
+        assert "ws handshake timed out; closing" in caplog.text
+        await silent.aclose()
+
+
+async def test_a_plain_http_request_gets_426_from_the_gateway() -> None:
+    async with running_gateway({"listeners": [listener()]}, registry=registry()) as gw:
+        [url] = gw.addresses["ws"]
+        plain = await trio.open_tcp_stream(*host_port(url.removeprefix("ws://").split("/")[0]))
+        await plain.send_all(b"GET /nd HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        with trio.fail_after(10):
+            while chunk := await plain.receive_some():
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 426 Upgrade Required\r\n")
+        assert answer.endswith(
+            b"\r\n\r\nthis is a websocket endpoint: Missing header, 'Connection: Upgrade'\n"
+        )
+        await plain.aclose()
