@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import trio
+import trio.testing
 from interchange_websocket.address import DEFAULT_MAX_MESSAGE, WsAddress, parse_ws_address
 from interchange_websocket.transport import WebSocketTransport
+
+from gateway.sdk import RemoteProtocolError
 
 
 def test_a_full_address() -> None:
@@ -63,3 +67,12 @@ def test_the_transport_claims_ws_and_wss() -> None:
     assert not transport.claims("h:1")
     assert transport.handshakes
     assert transport.server_name("wss://gw.example:443/x?origin=https://a.example") == "gw.example"
+
+
+async def test_wss_without_tls_and_ws_with_tls_fail_naming_the_mistake() -> None:
+    transport = WebSocketTransport()
+    ours, _ = trio.testing.memory_stream_pair()
+    with pytest.raises(RemoteProtocolError, match="wss:// needs a tls table on the upstream"):
+        await transport.connected(ours, "wss://h:1/")
+    with pytest.raises(RemoteProtocolError, match="wss:// needs a tls table on the listener"):
+        await transport.accepted(ours, "wss://h:1/")
