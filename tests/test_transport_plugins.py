@@ -120,8 +120,8 @@ def test_a_transport_claims_its_url_schemes(registry: Registry, toy: ToyTranspor
     assert registry.transport_for("unix:/run/x.sock").name == "unix"
     assert toy.schemes == ("toy",)
     assert toy.handshakes
-    with pytest.raises(LookupError, match=r"no transport handles ws:// addresses.*toy, unix"):
-        registry.transport_for("ws://127.0.0.1:80/x")
+    with pytest.raises(LookupError, match=r"no transport handles zz:// addresses.*toy, unix"):
+        registry.transport_for("zz://127.0.0.1:80/x")
 
 
 def test_two_third_party_transports_for_one_scheme_are_an_error() -> None:
@@ -330,7 +330,7 @@ def test_gateway_check_accepts_a_toy_bind(
         ("toy://127.0.0.1", "toy addresses look like toy://HOST:PORT"),
         ("toy://127.0.0.1:99999", "toy port must be a number 0..65535, not '99999'"),
         ("toy://h:1/path", "no path"),
-        ("ws://127.0.0.1:80", "no transport handles ws:// addresses"),
+        ("zz://127.0.0.1:80", "no transport handles zz:// addresses"),
     ],
 )
 def test_gateway_check_reports_a_bad_toy_bind_with_the_transports_message(

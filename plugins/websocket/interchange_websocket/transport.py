@@ -16,8 +16,7 @@ from urllib.parse import urlencode
 import trio
 
 from gateway.sdk import RemoteProtocolError, Transport
-from gateway.transports.tcp import format_sockaddr
-from gateway.transports.tcp import transport as tcp
+from gateway.sdk import tcp_transport as tcp
 from interchange_websocket.address import WsAddress, parse_ws_address
 from interchange_websocket.handshake import client_handshake, server_handshake
 from interchange_websocket.stream import WebSocketStream
@@ -56,7 +55,7 @@ class WebSocketTransport(Transport):
         """``ws://127.0.0.1:41234/path``, with the subprotocols a client must offer."""
         assert isinstance(listener, WebSocketListener)
         ws = listener.address
-        name = f"{ws.scheme}://{format_sockaddr(listener.inner.socket.getsockname())}{ws.path}"
+        name = f"{ws.scheme}://{tcp.listener_name(listener.inner)}{ws.path}"
         if ws.subprotocols:
             name += "?" + urlencode([("subprotocol", p) for p in ws.subprotocols])
         return name
