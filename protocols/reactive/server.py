@@ -302,14 +302,11 @@ class ReactiveSession(Session):
             return  # cancelled or refused by the peer: nothing owed
         if why is FeedStop.END:
             self._send(m.OnComplete(stream.id))
-        elif why is FeedStop.CLOSED:
-            self._send(m.OnError(stream.id, "the subscription was closed by the gateway"))
-        else:
-            return  # stopped by a drain: the goodbye ends the stream
-        if why is FeedStop.END:
             # A completed stream takes no more requests: the peer has it all.
             stream.processed = m.MAX_DEMAND
             self._settle(stream)
             self._close(stream.id)
-        else:
+        elif why is FeedStop.CLOSED:
+            self._send(m.OnError(stream.id, "the subscription was closed by the gateway"))
             self.streams.pop(stream.id, None)
+        # else: stopped by a drain, and the goodbye ends the stream
