@@ -322,10 +322,12 @@ async def test_no_hello_within_the_handshake_timeout_closes(autojump_clock: Any)
         assert trio.current_time() - start == pytest.approx(3.0)
 
 
-def test_the_embedded_default_exposes_its_own_destination() -> None:
+def test_the_embedded_default_exposes_its_queue_and_the_alerts_and_takes_logs() -> None:
     listener = ReactivePlugin.default_listener()
-    assert listener["publishers"] == [listener["destination"]]
+    assert listener["publishers"] == [listener["destination"], "alerts"]
+    assert listener["subscriptions"] == [{"publisher": listener["destination"]}]
     assert ReactivePlugin.listener_options["publishers"].default == []
+    assert ReactivePlugin.listener_options["subscriptions"].default == []
 
 
 async def test_a_subscription_the_hub_refuses_gets_on_error() -> None:
