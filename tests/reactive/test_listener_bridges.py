@@ -17,17 +17,20 @@ blocked (:func:`bridge_helpers.idle`), not after a sleep.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pylogbeat
 import pytest
 import trio
-from harness import host_port, running_gateway
+from harness import host_port, running_gateway, start
 from interchange_ndjson.client import NdjsonClient
 from waits import members, subscribed, until
 
+from gateway.config.certs import init_dir
 from gateway.core.model import Message, Outcome, Position
 from gateway.runtime.gateway import Gateway
 from protocols.reactive import Accepted, Request, Subscribe
@@ -37,6 +40,9 @@ from .bridge_helpers import (
     Answers,
     RsPeer,
     connect_tcp,
+    connect_tls,
+    connect_unix,
+    connect_ws,
     group,
     idle,
     registry,
@@ -191,3 +197,193 @@ async def test_a_crashed_member_of_a_group_loses_nothing(kind: str, tmp_path: Pa
             assert await second.take(1, 7) == [*bodies[2:], b"after"]
             await idle()
             assert len(second.elements(1)) == 7  # nothing twice
+
+
+# -- from= and to= on logs -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["memory", "durable"])
+async def test_from_and_to_on_a_log(kind: str, tmp_path: Path) -> None:
+    bodies = [b"e%d" % i for i in range(10)]
+    async with running_gateway(log_config(kind), base_dir=tmp_path, registry=registry()) as gw:
+        await publish(gw, *bodies)
+        async with rs_peer(await connect_tcp(gw)) as peer:
+            await peer.send(
+                Subscribe("logs?from=earliest", 1, 100),
+                Subscribe("logs?from=4", 2, 100),
+                Subscribe("logs?from=2&to=5", 3, 100),
+                Subscribe("logs?from=earliest&to=3", 4, 1),  # less demand than the range
+                Subscribe("logs?from=8&to=12", 5, 100),  # ends beyond the tail
+                Subscribe("logs", 6, 100),  # latest: only what comes next
+            )
+            assert await peer.take(1, 10) == bodies
+            assert await peer.take(2, 6) == bodies[4:]
+            await peer.until(lambda: peer.completed(3))
+            assert peer.elements(3) == bodies[2:5]
+            assert await peer.take(4, 1) == bodies[:1]
+            assert await peer.take(5, 2) == bodies[8:]
+            await idle()
+            assert not peer.completed(4)  # e1 and e2 wait for demand, the end behind them
+            assert not peer.completed(5)  # offsets 10 and 11 are still to come
+            assert peer.elements(6) == []
+
+            await peer.send(Request(4, 5))
+            await peer.until(lambda: peer.completed(4))
+            assert peer.elements(4) == bodies[:3]
+
+            await publish(gw, b"e10", b"e11", b"e12")
+            await peer.until(lambda: peer.completed(5))
+            assert peer.elements(5) == [b"e8", b"e9", b"e10", b"e11"]
+            assert await peer.take(6, 3) == [b"e10", b"e11", b"e12"]
+            await idle()
+            assert len(peer.elements(1)) == 13  # the open-ended ones go on
+            assert not peer.completed(1)
+
+
+async def test_positions_resume_every_partition(tmp_path: Path) -> None:
+    """Three runs of four go one to each partition; ``from=`` positions start each
+    partition at its own offset and ``to=`` positions end each at its own."""
+    config = log_config("partitioned")
+    async with running_gateway(config, base_dir=tmp_path, registry=registry()) as gw:
+        placed: dict[int, list[bytes]] = {}
+        for run in range(3):
+            bodies = [b"r%d.%d" % (run, i) for i in range(4)]
+            positions = await publish(gw, *bodies)
+            (partition,) = {p.partition for p in positions}
+            assert [p.offset for p in positions] == [0, 1, 2, 3]
+            placed[partition] = bodies
+        assert sorted(placed) == [0, 1, 2]
+        async with rs_peer(await connect_tcp(gw)) as peer:
+            await peer.send(
+                Subscribe("logs?from=0:1,1:2,2:3", 1, 100),
+                Subscribe("logs?from=0:0,1:1,2:2&to=0:2,1:3,2:4", 2, 100),
+            )
+            expected = placed[0][1:] + placed[1][2:] + placed[2][3:]
+            got = await peer.take(1, len(expected))
+            assert sorted(got) == sorted(expected)
+            assert per_run(got) == per_run(expected)  # in order within each partition
+            await peer.until(lambda: peer.completed(2))
+            got = peer.elements(2)
+            assert per_run(got) == per_run(placed[0][:2] + placed[1][1:3] + placed[2][2:4])
+            await idle()
+            assert len(peer.elements(1)) == len(expected)
+
+
+def per_run(bodies: list[bytes]) -> dict[bytes, list[bytes]]:
+    """``bodies`` by their run (the prefix before the dot), each in the order given."""
+    runs: dict[bytes, list[bytes]] = {}
+    for body in bodies:
+        runs.setdefault(body.partition(b".")[0], []).append(body)
+    return runs
+
+
+# -- transports -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return init_dir(tmp_path_factory.mktemp("certs"))
+
+
+def transport_listener(transport: str, certs: dict[str, Path], tmp: Path) -> dict[str, Any]:
+    tls = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"])}
+    binds: dict[str, dict[str, Any]] = {
+        "tls": {"bind": "127.0.0.1:0", "tls": tls},
+        "unix": {"bind": f"unix:{tmp / 'rs.sock'}"},
+        "ws": {"bind": "ws://127.0.0.1:0/rs"},
+        "wss": {"bind": "wss://127.0.0.1:0/rs", "tls": tls},
+    }
+    return rs_listener(part_size=1024, **binds[transport])
+
+
+async def connect(transport: str, gw: Gateway, ca: Path) -> trio.abc.Stream:
+    if transport == "tls":
+        return await connect_tls(gw, ca)
+    if transport == "unix":
+        return await connect_unix(gw)
+    return await connect_ws(gw, ca if transport == "wss" else None)
+
+
+@pytest.mark.parametrize("transport", ["tls", "unix", "ws", "wss"])
+async def test_the_listener_over(transport: str, certs: dict[str, Path], tmp_path: Path) -> None:
+    """Within demand, with an element split in parts across the transport's frames."""
+    big = bytes(range(256)) * 20  # 5120 bytes: five parts of at most 1024
+    config = {
+        "gateway": {"drain_timeout": "100ms"},
+        "listeners": [transport_listener(transport, certs, tmp_path)],
+        "destinations": [LOGS["memory"]],
+    }
+    async with running_gateway(config, registry=registry()) as gw:
+        await publish(gw, b"one", big, b"three")
+        async with rs_peer(await connect(transport, gw, certs["ca_cert"])) as peer:
+            await peer.send(Subscribe("logs?from=earliest", 1, 2))
+            assert await peer.answer(1) == Accepted(1, 0)
+            assert await peer.take(1, 2) == [b"one", big]
+            await idle()
+            assert len(peer.elements(1)) == 2
+            await peer.send(Request(1, 2))
+            assert await peer.take(1, 3) == [b"one", big, b"three"]
+            await publish(gw, b"live")
+            assert await peer.take(1, 4) == [b"one", big, b"three", b"live"]
+
+
+# -- Beats (pylogbeat) -> Lumberjack listener -> topic -> reactive subscriber -----------------
+
+
+def beats_config() -> dict[str, Any]:
+    lumberjack = {
+        "name": "lj",
+        "protocol": "lumberjack",
+        "bind": "127.0.0.2:0",
+        "destination": "beats",
+        "keepalive": "50ms",
+    }
+    return {"gateway": {"drain_timeout": "100ms"}, "listeners": [rs_listener(), lumberjack]}
+
+
+def pylogbeat_send(host: str, port: int, windows: list[list[dict[str, Any]]]) -> int:
+    """Each window on one pylogbeat connection (``send`` returns once it is acked; keepalive
+    acks it reads and waits on); its last sequence number."""
+    with pylogbeat.PyLogBeatClient(host, port, timeout=10) as client:
+        for window in windows:
+            client.send(window)
+        return int(client._sequence)
+
+
+def keepalives(gw: Gateway) -> float:
+    return gw.metrics.value("lumberjack_keepalives_total", {"listener": "lj"}) or 0.0
+
+
+async def test_a_beats_window_waits_on_keepalives_for_the_subscribers_demand() -> None:
+    """Demand 2 for a window of 10: the window is held (pylogbeat's ``send`` does not
+    return) over several keepalives; a request for the rest lets it and the next
+    window through, every event once and in order."""
+    windows = [[{"w": w, "i": i} for i in range(size)] for w, size in enumerate((10, 5))]
+    events = [event for window in windows for event in window]
+    async with (
+        running_gateway(beats_config(), registry=registry()) as gw,
+        rs_peer(await connect_tcp(gw)) as peer,
+    ):
+        await peer.send(Subscribe("beats", 1, 2))
+        assert await peer.answer(1) == Accepted(1, 0)
+        await subscribed(gw, "beats")
+        host, port = host_port(gw.addresses["lj"][0])
+        async with trio.open_nursery() as nursery:
+            sending = start(nursery, in_thread, pylogbeat_send, host, port, windows)
+            assert [json.loads(e) for e in await peer.take(1, 2)] == events[:2]
+            await until(lambda: keepalives(gw) >= 3)  # held across three keepalives
+            await idle()
+            assert not sending.done
+            assert len(peer.elements(1)) == 2
+            assert group(gw, "beats").queued == 8
+
+            await peer.send(Request(1, 13))
+            with trio.fail_after(GUARD):
+                assert await sending.wait() == 15  # both windows acked
+        await idle()
+        assert [json.loads(e) for e in peer.elements(1)] == events
+
+
+async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a worker thread, abandoned if the test is cancelled."""
+    return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
