@@ -15,7 +15,10 @@ endpoint (keep-alive, an idle timeout per request, a connection cap answered
 * ``GET /api/tap?dest=…&filter=…&format=json|pretty``: a passive
   :class:`~gateway.ops.tap.Tap` on the matching destinations, streamed as one
   line per message until the client leaves (``gateway tap``);
-* ``GET /``: the status page, and its files under ``/static/``.
+* ``GET /``: the status page, and its files under ``/static/``;
+* ``GET /live?ws=…&publisher=…&window=…``: a page subscribing to a reactive
+  listener over a WebSocket and showing its messages live (its policy lets
+  it connect to ``ws:`` and ``wss:`` addresses).
 
 Any other path is 404 and any other method 405. The endpoint is plain HTTP
 without authentication and a tap shows message bodies: keep it on loopback or
@@ -66,12 +69,13 @@ _TYPES = {
     ".svg": "image/svg+xml",
     ".png": "image/png",
 }
-#: Every response: no MIME sniffing, no framing, no referrer, scripts from here only.
-_SECURITY = [
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"content-security-policy", b"default-src 'self'; frame-ancestors 'none'"),
-]
+#: Every response: no MIME sniffing, no referrer.
+_SECURITY = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer")]
+_CSP = b"content-security-policy"
+#: Every response but the live page's: no framing, scripts and connections from here only.
+_POLICY = b"default-src 'self'; frame-ancestors 'none'"
+#: The live page's: it also opens WebSockets to listeners, at the address its user gives.
+_LIVE_POLICY = b"default-src 'self'; connect-src 'self' ws: wss:; frame-ancestors 'none'"
 
 
 @dataclass(frozen=True)
@@ -106,12 +110,20 @@ def _static_files() -> dict[str, tuple[bytes, str]]:
     return out
 
 
-def _static(name: str) -> Response:
+def _static(name: str, policy: bytes = _POLICY) -> Response:
     found = _static_files().get(name)
     if found is None:
         return Response(404, b"not found\n")
     body, content_type = found
-    return Response(200, body, content_type, [(b"cache-control", b"no-cache")])
+    return Response(200, body, content_type, [(b"cache-control", b"no-cache"), (_CSP, policy)])
+
+
+def _secured(admin: Admin, tracker: StatusTracker | None, method: str, target: str) -> Response:
+    """:func:`route`'s response, with the default content security policy unless it has one."""
+    response = route(admin, tracker, method, target)
+    if all(name != _CSP for name, _ in response.headers):
+        response.headers.append((_CSP, _POLICY))
+    return response
 
 
 def route(admin: Admin, tracker: StatusTracker | None, method: str, target: str) -> Response:
@@ -134,6 +146,8 @@ def route(admin: Admin, tracker: StatusTracker | None, method: str, target: str)
         return _tap(admin.taps, urllib.parse.parse_qs(query))
     if path in ("/", "/index.html"):
         return _static("status.html")
+    if path == "/live":
+        return _static("live.html", _LIVE_POLICY)
     if path.startswith("/static/"):
         return _static(path[len("/static/") :])
     return Response(404, b"not found: try /, /api/status, /healthz or /readyz\n")
@@ -196,7 +210,7 @@ async def serve_admin(
     tracker.sample()  # a baseline: the first status has rates since the start
     await serve_http(
         listeners,
-        functools.partial(route, admin, tracker),
+        functools.partial(_secured, admin, tracker),
         name=NAME,
         metrics=metrics,
         log=log,
