@@ -63,7 +63,7 @@ from .events import (
     SubscribeRequested,
 )
 from .messages import Limits, MessageReader
-from .streams import MySubscriptions, SubscriptionsToMe
+from .streams import MySubscriptions, Stage, SubscriptionsToMe, spend
 
 __all__ = [
     "KEEPALIVE",
@@ -211,6 +211,7 @@ class Connection(Lifecycle):
         if elements is None:
             return None
         while True:
+            self._plain_on_next(subscriber, elements)
             message = self._read()
             if message is None:
                 break
@@ -222,6 +223,39 @@ class Connection(Lifecycle):
                 break
             elements += more
         return Elements(subscriber, tuple(elements)) if elements else None
+
+    def _plain_on_next(self, subscriber: int, elements: list[bytes]) -> None:
+        """Take the ``onNext`` messages for ``subscriber`` that come next, within its
+        demand, straight from msgpack's objects (the common case, without a message
+        object each); the first message of any other kind, or one over demand or of
+        the wrong size, is left to the general path, which reports it."""
+        sub = self.mine.live.get(subscriber)
+        if sub is None or sub.stage is not Stage.ACTIVE or sub.split_id is not None:
+            return
+        size, room, taken, other = sub.element_size, sub.outstanding, 0, None
+        read = self._reader.next
+        while taken < room:
+            obj = read()
+            if obj is None:
+                break
+            if (
+                type(obj) is list
+                and len(obj) == 3
+                and obj[0] == 9
+                and type(obj[0]) is int
+                and obj[1] == subscriber
+                and type(obj[1]) is int
+                and type(obj[2]) is bytes
+                and (not size or len(obj[2]) == size)
+            ):
+                elements.append(obj[2])
+                taken += 1
+            else:
+                other = obj
+                break
+        sub.outstanding = spend(room, taken)
+        if other is not None:
+            self._stashed = m.decode(other, self.extensions)
 
     def _on_elements(self, message: Any) -> list[bytes] | None:
         mine, sub = self.mine, message.subscriber
@@ -422,12 +456,11 @@ class Connection(Lifecycle):
         self._check_phase(m.OnNext(subscriber, b""))
         if not elements:
             return b""
-        sub = self.theirs.charge(subscriber, len(elements), [len(e) for e in elements])
-        pack = self._packer.pack
+        sizes = list(map(len, elements))
+        sub = self.theirs.charge(subscriber, len(elements), sizes)
         if sub.element_size:
-            packed: bytes = pack([12, subscriber, len(elements), b"".join(elements)])
-            return packed
-        return b"".join([pack([9, subscriber, e]) for e in elements])
+            return m.on_next_packed(subscriber, elements, sub.element_size * len(elements))
+        return m.on_next_run(subscriber, elements, sizes)
 
     def send_split(self, subscriber: int, element: bytes, part_size: int) -> bytes:
         """One element for a subscription to me, in parts of ``part_size`` bytes

@@ -15,7 +15,7 @@ streaming ``Unpacker``, within :class:`Limits`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -45,8 +45,11 @@ __all__ = [
     "Subscribe",
     "Subscribed",
     "Unknown",
+    "bin_header",
     "decode",
     "encode",
+    "on_next_packed",
+    "on_next_run",
 ]
 
 #: Demand saturates here: this much outstanding means "unbounded".
@@ -272,6 +275,41 @@ def encode(message: Message) -> bytes:
         fields.append(list(value) if isinstance(value, tuple) else value)
     wire: bytes = msgpack.packb(fields, use_bin_type=True)
     return wire
+
+
+def bin_header(length: int) -> bytes:
+    """The msgpack ``bin`` header of ``length`` bytes (the narrowest, as msgpack packs)."""
+    if length < 0x100:
+        return b"\xc4" + length.to_bytes(1, "big")
+    if length < 0x10000:
+        return b"\xc5" + length.to_bytes(2, "big")
+    return b"\xc6" + length.to_bytes(4, "big")
+
+
+def on_next_run(subscriber: int, elements: Sequence[bytes], sizes: list[int]) -> bytes:
+    """The ``onNext`` messages of ``elements`` back to back (``sizes``: their lengths),
+    byte for byte what :func:`encode` gives each: the header before an element
+    depends only on its length, so a run of one size is one ``join``."""
+    head = b"\x93\x09" + msgpack.packb(subscriber)
+    if sizes.count(sizes[0]) == len(sizes):
+        separator = head + bin_header(sizes[0])
+        return separator + separator.join(elements)
+    headers: dict[int, bytes] = {}
+    parts: list[bytes] = []
+    for element, size in zip(elements, sizes, strict=True):
+        header = headers.get(size)
+        if header is None:
+            header = headers[size] = head + bin_header(size)
+        parts += (header, element)
+    return b"".join(parts)
+
+
+def on_next_packed(subscriber: int, elements: Sequence[bytes], length: int) -> bytes:
+    """One ``onNextPacked`` of ``elements`` (``length``: their total bytes), the bin
+    built in the same ``join`` as the header rather than copied into it."""
+    head = msgpack.packb([12, subscriber, len(elements)])
+    head = b"\x94" + head[1:] + bin_header(length)
+    return b"".join([head, *elements])
 
 
 def _check(kind: str, value: Any) -> Any:

@@ -28,7 +28,15 @@ from gateway.sdk import LocalProtocolError, RemoteProtocolError
 
 from .messages import MAX_DEMAND
 
-__all__ = ["Mine", "MySubscriptions", "Stage", "SubscriptionsToMe", "Theirs", "add_demand"]
+__all__ = [
+    "Mine",
+    "MySubscriptions",
+    "Stage",
+    "SubscriptionsToMe",
+    "Theirs",
+    "add_demand",
+    "spend",
+]
 
 
 def add_demand(outstanding: int, more: int) -> int:
@@ -270,12 +278,10 @@ class SubscriptionsToMe:
         sub = self._sending(subscriber)
         if sub.split_id is not None:
             raise LocalProtocolError(f"send elements: a split element of {subscriber} is open")
-        if sizes is not None and sub.element_size:
-            for size in sizes:
-                if size != sub.element_size:
-                    raise LocalProtocolError(
-                        f"send elements: {size} bytes, elementSize is {sub.element_size}"
-                    )
+        fixed = sub.element_size
+        if sizes is not None and fixed and sizes.count(fixed) != len(sizes):
+            size = next(s for s in sizes if s != fixed)
+            raise LocalProtocolError(f"send elements: {size} bytes, elementSize is {fixed}")
         _spend_local(sub, subscriber, count)
         return sub
 
