@@ -33,6 +33,7 @@ def test_bench_lists_its_benchmarks() -> None:
         "hub-roundtrip",
         "ttrpc-echo",
         "micromessage",
+        "reactive",
     ):
         assert name in out
 
@@ -43,6 +44,11 @@ def test_bench_lists_its_benchmarks() -> None:
         ("ndjson-pubsub", "msg", ()),
         ("micromessage", "delivered end to end", ()),
         ("micromessage", "delivered end to end", ("--topic",)),
+        (
+            "reactive",
+            "tcp-packed elements/s",
+            ("--no-rsocket", "--elements", "100000", "--warmup", "0"),
+        ),
         ("ndjson-filtered", "deliveries, all subscribers", ()),
         ("ndjson-calls", "calls replied", ()),
         ("ndjson-calls", "calls replied", ("--concurrency", "1")),
