@@ -145,15 +145,19 @@ async def rs_peer(stream: trio.abc.Stream) -> AsyncIterator[RsPeer]:
     """A peer past the hellos on ``stream``; on exit the connection is dropped (no
     goodbye, no cancel), as when a client crashes."""
     peer = RsPeer(stream)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(peer.read)
-        await stream.send_all(peer.codec.hello())
-        await peer.until(lambda: any(isinstance(x, Hello) for x in peer.events))
-        try:
-            yield peer
-        finally:
-            nursery.cancel_scope.cancel()
-            await stream.aclose()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(peer.read)
+            await stream.send_all(peer.codec.hello())
+            await peer.until(lambda: any(isinstance(x, Hello) for x in peer.events))
+            try:
+                yield peer
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        # Outside the cancelled nursery: a checkpoint in there would raise Cancelled,
+        # which the nursery swallows, and with it the test's own failure.
+        await trio.aclose_forcefully(stream)
 
 
 async def connect_tcp(gw: Gateway, listener: str = "rs") -> trio.abc.Stream:
