@@ -3,8 +3,9 @@
 * Demand across protocols: an ndjson publisher into a topic with a small buffer is
   answered only as far as the reactive subscriber's demand (and the buffer) let the
   messages through, and the rest are answered as it requests more.
-* ``ack = "demand"`` with a named group: a subscriber that drops the connection gets
-  nothing lost; the next member of the group gets every unprocessed element again.
+* ``ack = "demand"`` with a named group: a subscriber that drops the connection loses
+  nothing; the next member of the group gets every unprocessed element again (memory,
+  durable and partitioned logs; a topic, whose ndjson publisher waits for that member).
 * Beats (``pylogbeat``) into a Lumberjack listener, out to a reactive subscriber with a
   small demand: the Beats window waits on keepalives until the subscriber requests.
 * ``from=``/``to=`` on memory, durable and partitioned logs.
@@ -173,30 +174,76 @@ async def publish(gw: Gateway, *bodies: bytes, destination: str = "logs") -> lis
     return [r.position for r in receipt.results() if r.position is not None]
 
 
-@pytest.mark.parametrize("kind", ["memory", "durable"])
+@pytest.mark.parametrize("kind", ["memory", "durable", "partitioned"])
 async def test_a_crashed_member_of_a_group_loses_nothing(kind: str, tmp_path: Path) -> None:
     """The member is sent seven, says it processed two (request(2) beyond its initial 5)
     and drops the connection: the next member gets the five it had not processed
-    again, then what follows, and not the two it had."""
-    bodies = [b"e%d" % i for i in range(8)]
+    again, then what follows, and not the two it had. (Three runs: on the partitioned
+    log, one to each partition, and the order holds within each.)"""
+    runs = [[b"r%d.%d" % (r, i) for i in range(n)] for r, n in enumerate((3, 3, 2))]
+    bodies = [body for run in runs for body in run]
+    same = (lambda a, b: per_run(a) == per_run(b)) if kind == "partitioned" else list.__eq__
     config = log_config(kind, ack="demand")
     async with running_gateway(config, base_dir=tmp_path, registry=registry()) as gw:
-        await publish(gw, *bodies)
+        for run in runs:
+            await publish(gw, *run)
         async with rs_peer(await connect_tcp(gw)) as first:
             await first.send(Subscribe("logs?group=g&from=earliest", 1, 5))
-            assert await first.take(1, 5) == bodies[:5]
-            await first.send(Request(1, 2))  # e0 and e1 processed
-            assert await first.take(1, 7) == bodies[:7]
+            await first.take(1, 5)
+            await first.send(Request(1, 2))  # the first two are processed
+            sent = await first.take(1, 7)
             await idle()
+            assert len(first.elements(1)) == 7
             assert group(gw, "logs", "g").committed == 2
+        assert same(sent, [b for b in bodies if b in sent])
+        unprocessed = [b for b in bodies if b not in sent[:2]]
         await until(lambda: members(gw, "logs", "g") == 0)  # the gateway saw it go
         async with rs_peer(await connect_tcp(gw)) as second:
             await second.send(Subscribe("logs?group=g", 1, 100))
-            assert await second.take(1, 6) == bodies[2:]
+            assert same(await second.take(1, 6), unprocessed)
             await publish(gw, b"after")
-            assert await second.take(1, 7) == [*bodies[2:], b"after"]
+            assert (await second.take(1, 7))[6] == b"after"
             await idle()
             assert len(second.elements(1)) == 7  # nothing twice
+
+
+async def test_a_crashed_member_on_a_topic_leaves_the_publisher_waiting_for_the_next() -> None:
+    """A topic's named group, an ndjson publisher: only what a member processed is
+    answered; what the crashed member had not goes to the next member and is answered
+    once that one has processed it."""
+    config = {
+        "gateway": {"drain_timeout": "100ms"},
+        "listeners": [rs_listener(ack="demand"), ND],
+        "destinations": [{"name": "feed", "groups": ["g"]}],
+    }
+    bodies = BODIES[:6]
+    async with (
+        running_gateway(config, registry=registry()) as gw,
+        await NdjsonClient.connect(*host_port(gw.addresses["nd"][0])) as pub,
+        trio.open_nursery() as nursery,
+    ):
+        ids = [i for body in bodies for i in await pub.publish_nowait([body], "feed")]
+        answers = Answers(pub)
+        answers.watch(nursery, ids)
+        async with rs_peer(await connect_tcp(gw)) as first:
+            await first.send(Subscribe("feed?group=g", 1, 4))
+            assert await first.take(1, 4) == bodies[:4]
+            await first.send(Request(1, 1))  # the first is processed
+            assert await first.take(1, 5) == bodies[:5]
+            await until(lambda: len(answers.got) >= 1)
+        await until(lambda: members(gw, "feed", "g") == 0)
+        await idle()
+        assert answers.got == {ids[0]: "delivered"}  # the crash answered nothing
+        async with rs_peer(await connect_tcp(gw)) as second:
+            await second.send(Subscribe("feed?group=g", 1, 5))
+            assert await second.take(1, 5) == bodies[1:]
+            await idle()
+            assert len(answers.got) == 1  # sent again, not processed yet
+            await second.send(Request(1, 5))
+            await until(lambda: len(answers.got) == 6)
+            assert set(answers.got.values()) == {"delivered"}
+            await idle()
+            assert second.elements(1) == bodies[1:]
 
 
 # -- from= and to= on logs -------------------------------------------------------------------
