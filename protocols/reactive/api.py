@@ -75,6 +75,7 @@ __all__ = [
     "Ending",
     "Peer",
     "PublisherError",
+    "Role",
     "Subscription",
     "serve_tcp",
 ]

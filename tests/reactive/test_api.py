@@ -8,6 +8,7 @@ Real sockets need the real clock: every wait there is guarded by ``trio.fail_aft
 
 from __future__ import annotations
 
+import ast
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from documented import python_examples
 from harness import host_port, running_gateway
 from toy_line import registered
 
@@ -659,3 +661,24 @@ async def test_against_the_gateway_a_finite_fixed_size_read() -> None:
             ):
                 assert sub.element_size == 4
                 assert await collect(sub) == bodies
+
+
+async def test_the_docs_gateway_example_runs_against_the_gateway() -> None:
+    """docs/protocols/reactive-streams-library.md's example, against a gateway on a free port."""
+    (example,) = [
+        e
+        for e in python_examples()
+        if e.where.startswith("docs/protocols/reactive-streams-library.md")
+        and e.tested_by == "tests/reactive/test_api.py"
+    ]
+    async with running_gateway(gateway_config(), registry=registered(ReactivePlugin)) as gw:
+        bodies = [b"%d" % i for i in range(250)] + [b"last", b"after"]
+        await gw.hub.publish([Message("logs", b) for b in bodies])
+        host, port = host_port(gw.addresses["rs"][0])
+        code = example.code.replace('"localhost", 7073', f"{host!r}, {port}")
+        assert code != example.code
+        namespace: dict[str, Any] = {}
+        flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+        with trio.fail_after(GUARD):
+            await eval(compile(code, example.where, "exec", flags=flags), namespace)
+        assert namespace["seen"] == 251  # past two requests, up to "last"
