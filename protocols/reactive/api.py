@@ -156,7 +156,7 @@ class Subscription:
         self.cancel()
 
     async def _start(self) -> None:
-        if self.id is not None:
+        if self.id is not None or self._ended:  # sent, or cancelled before
             return
         await self.peer._ready()
         self.id = self.peer._add(self)
@@ -184,11 +184,11 @@ class Subscription:
     def cancel(self) -> None:
         """End the subscription now: elements still unread are dropped, and iteration
         stops. Idempotent; a no-op once ended."""
-        if self.id is None or self._ended:
-            self._ended = True
-            return
-        self._ended = True
+        live = self.id is not None and not self._ended
+        self._ended, self._error = True, None
         self._buffer.clear()
+        if self.id is None or not live:
+            return
         self.peer._drop(self.id)
         if self.peer._error is None and self.peer.codec.phase in (Phase.HELLO, Phase.OPEN):
             self.peer._send(m.Cancel(self.id))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import socket
+import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -23,6 +24,7 @@ from documented import python_examples
 from harness import host_port, running_gateway
 from toy_line import registered
 
+from gateway.config.certs import init_dir
 from gateway.core.model import Message
 from gateway.sdk import NEED_DATA
 from protocols.reactive import (
@@ -285,6 +287,29 @@ async def test_cancel_ends_iteration_at_once() -> None:
             sub.cancel()
             sub.cancel()  # idempotent
             assert await collect(sub) == []
+
+
+async def test_cancel_drops_what_was_received_and_unread() -> None:
+    async with pair() as (client, server), trio.open_nursery() as nursery:
+        await nursery.start(server.publish, "p", Source(3))
+        async with client.subscribe("p", 10) as sub:
+            assert await anext(sub) == b"e0"
+            await trio.testing.wait_all_tasks_blocked()  # e1, e2 and onComplete arrived
+            sub.cancel()
+            assert await collect(sub) == []
+
+
+async def test_a_subscription_cancelled_before_it_started_never_subscribes() -> None:
+    async with pair() as (client, server), trio.open_nursery() as nursery:
+        source = Source(3)
+        await nursery.start(server.publish, "p", source)
+        sub = client.subscribe("p", 10)
+        sub.cancel()
+        assert await collect(sub) == []
+        await trio.testing.wait_all_tasks_blocked()
+        assert source.pulled == 0
+        async with client.subscribe("p", 10) as other:  # so the name is still free
+            assert await collect(other) == [b"e0", b"e1", b"e2"]
 
 
 async def test_a_name_nobody_offers_is_refused() -> None:
@@ -604,6 +629,29 @@ async def test_over_a_unix_socket(tmp_path: Path) -> None:
         with trio.fail_after(GUARD):
             async with (
                 await Peer.connect_unix(path) as client,
+                client.subscribe("p", 3) as sub,
+            ):
+                assert await collect(sub) == [b"e0", b"e1"]
+
+
+async def test_over_tls(tmp_path: Path) -> None:
+    certs = init_dir(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(str(certs["server_cert"]), str(certs["server_key"]))
+    client_ctx = ssl.create_default_context(cafile=str(certs["ca_cert"]))
+    (tcp,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    listener = trio.SSLListener(tcp, server_ctx)
+    port = tcp.socket.getsockname()[1]
+
+    async def serve_one() -> None:
+        async with await listener.accept() as stream, Peer(stream, Role.SERVER) as peer:
+            await peer.publish("p", Source(2))
+
+    async with trio.open_nursery() as nursery, listener:
+        nursery.start_soon(serve_one)
+        with trio.fail_after(GUARD):
+            async with (
+                await Peer.connect("127.0.0.1", port, ssl_context=client_ctx) as client,
                 client.subscribe("p", 3) as sub,
             ):
                 assert await collect(sub) == [b"e0", b"e1"]
