@@ -4,7 +4,7 @@
 #
 #   docker build -t interchange .
 #   docker run -d --name interchange \
-#     -p 5044:5044 -p 7070:7070 -p 7071:7071 -p 7072:7072 -p 12345:12345 -p 9464:9464 -p 9465:9465 \
+#     -p 5044:5044 -p 7070:7070 -p 7071:7071 -p 7072:7072 -p 7073:7073 -p 12345:12345 -p 9464:9464 -p 9465:9465 \
 #     -v interchange-data:/var/lib/interchange interchange
 #
 # Another config: mount it over /etc/interchange/interchange.toml. Reload it
@@ -43,7 +43,7 @@ USER interchange
 WORKDIR /var/lib/interchange
 VOLUME ["/var/lib/interchange"]
 # lumberjack, ndjson, ttrpc, segment-append, metrics, admin (status page, /healthz)
-EXPOSE 5044 7070 7071 7072 12345 9464 9465
+EXPOSE 5044 7070 7071 7072 7073 12345 9464 9465
 HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 \
     CMD ["python", "-c", "import urllib.request, sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:9465/healthz', timeout=4).status == 200 else 1)"]
 STOPSIGNAL SIGTERM

@@ -26,7 +26,7 @@ import fnmatch
 import socket
 import ssl
 import tomllib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +39,13 @@ from test_runtime_tls import client_context
 
 from gateway.config.certs import init_dir
 from gateway.config.loader import default_data
+from gateway.core.model import Message
 from gateway.ops.status import snapshot
 from gateway.runtime.gateway import Gateway
 from gateway.runtime.registry import default_registry
 from protocols.lumberjack.client import LumberjackClient
 from protocols.micromessage import Client as MicromessageClient
+from protocols.reactive import Ending, Peer
 from protocols.segment.client import Appender, run_appender
 from protocols.ttrpc import messaging_pb2
 from protocols.ttrpc.client import open_client
@@ -110,11 +112,24 @@ async def send_micromessage(stream: trio.abc.Stream, destination: str, bodies: l
         await client.wait_acked()
 
 
+async def send_reactive(stream: trio.abc.Stream, destination: str, bodies: list[bytes]) -> None:
+    """Offer ``bodies`` as the publisher the listener's ``subscriptions`` name; return
+    once the gateway took them all (its demand covers what is stored, not more)."""
+
+    async def source() -> AsyncIterator[bytes]:
+        for body in bodies:
+            yield body
+
+    async with Peer(stream) as peer:
+        assert await peer.publish(destination, source()) is Ending.COMPLETED
+
+
 #: A real client for each protocol a documented listener speaks.
 SENDERS: dict[str, Sender] = {
     "lumberjack": send_lumberjack,
     "micromessage": send_micromessage,
     "ndjson": send_ndjson,
+    "reactive": send_reactive,
     "segment": send_segment,
     "ttrpc": send_ttrpc,
 }
@@ -254,11 +269,16 @@ async def test_documented_config_acks_its_senders(data: dict[str, Any], tmp_path
                         b'{"message":"%s %d"}' % (listener["name"].encode(), i)
                         for i in range(COUNT)
                     ]
-                    for target in routed(config, destination):
-                        expected[target] = expected.get(target, 0) + COUNT
+                    expected = count(expected, routed(config, destination))
                     stream = await open_stream(
                         gw.addresses[listener["name"]][0], listener_context(listener, certs)
                     )
+                    if listener["protocol"] == "reactive" and not listener.get("subscriptions"):
+                        # It only publishes: its peer subscribes and gets what comes.
+                        destination = listener["publishers"][0]
+                        await receive_reactive(gw, stream, destination, bodies)
+                        expected = count(expected, routed(config, destination))
+                        continue
                     await SENDERS[listener["protocol"]](stream, destination, bodies)
                 # Acked means delivered: what the routes send upstream is there already.
                 for name, got in received.items():
@@ -275,6 +295,22 @@ async def test_documented_config_acks_its_senders(data: dict[str, Any], tmp_path
                         seen += await tap.receive_some()
                     assert seen.startswith(b"HTTP/1.1 200 "), seen
         nursery.cancel_scope.cancel()
+
+
+def count(expected: dict[str, int], targets: set[str]) -> dict[str, int]:
+    """``expected`` with :data:`COUNT` more messages at each of ``targets``."""
+    return expected | {t: expected.get(t, 0) + COUNT for t in targets}
+
+
+async def receive_reactive(
+    gw: Gateway, stream: trio.abc.Stream, destination: str, bodies: list[bytes]
+) -> None:
+    """Subscribe to ``destination`` on a publish-only reactive listener, publish
+    ``bodies`` there, and receive each of them."""
+    async with Peer(stream) as peer, peer.subscribe(destination, len(bodies)) as sub:
+        await gw.hub.publish([Message(destination, b) for b in bodies])
+        got = [await sub.__anext__() for _ in bodies]
+    assert got == bodies
 
 
 async def open_tap(gw: Gateway) -> trio.SocketStream:

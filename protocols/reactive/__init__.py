@@ -4,13 +4,27 @@
   and back, and :class:`MessageReader` with its :class:`Limits`;
 * :mod:`.streams`: the per-subscription state machines and the two id tables;
 * :mod:`.events`: what a :class:`Connection` reports to its driver;
-* :mod:`.codec`: :class:`Connection`, one class for both :class:`Role` s.
+* :mod:`.codec`: :class:`Connection`, one class for both :class:`Role` s;
+* :mod:`.api`: a trio library for Python programs (:class:`Peer`: subscribe
+  with explicit demand, publish from an async iterator);
+* the gateway's side: :mod:`.plugin` (listener and upstream), :mod:`.peer`
+  with :mod:`.outgoing` and :mod:`.incoming` (the two sides of a connection).
 
 ``docs/protocols/reactive-streams.md`` describes the wire format and semantics.
 """
 
 from gateway.sdk import NEED_DATA, CodecState, ConnectionClosed
 
+from .api import (
+    FLUSH_TIMEOUT,
+    PART_SIZE,
+    ConnectionLost,
+    Ending,
+    Peer,
+    PublisherError,
+    Subscription,
+    serve_tcp,
+)
 from .codec import (
     KEEPALIVE,
     NON_POSITIVE_REQUEST,
@@ -61,10 +75,12 @@ from .messages import (
 )
 
 __all__ = [
+    "FLUSH_TIMEOUT",
     "KEEPALIVE",
     "MAX_DEMAND",
     "NEED_DATA",
     "NON_POSITIVE_REQUEST",
+    "PART_SIZE",
     "VERSION",
     "Accepted",
     "BadRequest",
@@ -75,8 +91,10 @@ __all__ = [
     "Completed",
     "Connection",
     "ConnectionClosed",
+    "ConnectionLost",
     "DemandAdded",
     "Elements",
+    "Ending",
     "Event",
     "Failed",
     "Goodbye",
@@ -92,11 +110,13 @@ __all__ = [
     "OnNextLastPart",
     "OnNextPacked",
     "OnNextPart",
+    "Peer",
     "Phase",
     "Ping",
     "Pinged",
     "Pong",
     "Ponged",
+    "PublisherError",
     "Request",
     "Role",
     "ServerHello",
@@ -104,6 +124,8 @@ __all__ = [
     "Subscribe",
     "SubscribeRequested",
     "Subscribed",
+    "Subscription",
     "UnsupportedVersion",
     "goodbye_reason",
+    "serve_tcp",
 ]
