@@ -15,7 +15,8 @@ it admits, and runs in the listener's connection nursery:
    pending closes it);
 3. **close**: the reason, the duration and the bytes each way in one log
    line (at debug), the budget account and the listener's counts released,
-   the stream closed.
+   the stream closed: gracefully within :data:`CLOSE_GRACE` (a WebSocket's
+   close frame, TLS's close_notify), then by force.
 
 A fault closes this connection only. The peer's faults (a protocol error, a
 timeout, a hang-up) are warnings or information, rate-limited per listener
@@ -44,6 +45,10 @@ from gateway.transports.tls import describe_handshake_failure, ssl_error_words
 __all__ = ["LOST", "Connection", "lost_reason"]
 
 #: What a peer that went away raises: the connection is lost, not failed.
+#: Seconds a closing stream may take for its own goodbye (a WebSocket close frame and
+#: the peer's answer, TLS's close_notify) before it is closed by force.
+CLOSE_GRACE = 1.0
+
 LOST = (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, ConnectionError)
 
 
@@ -118,7 +123,7 @@ class Connection:
             self._open.dec()
             self.listener.release(self.host)
             self.shared.connection_ended.unpark_all()
-            await trio.aclose_forcefully(self.stream)
+            await close(self.stream)
 
     async def _run(self) -> None:
         """Handshake and serve, turning what ends the connection into its reason."""
@@ -336,3 +341,13 @@ def lost_reason(error: BaseException) -> str:
             return ssl_error_words(e)
         e = e.__cause__ or e.__context__
     return describe_error(error)
+
+
+async def close(stream: trio.abc.Stream) -> None:
+    """Close ``stream`` gracefully within :data:`CLOSE_GRACE`, else by force (also when
+    the connection is being cancelled)."""
+    try:
+        with trio.move_on_after(CLOSE_GRACE):
+            await stream.aclose()
+    finally:
+        await trio.aclose_forcefully(stream)

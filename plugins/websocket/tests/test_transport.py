@@ -283,3 +283,28 @@ async def test_a_plain_http_request_gets_426_from_the_gateway() -> None:
             b"\r\n\r\nthis is a websocket endpoint: Missing header, 'Connection: Upgrade'\n"
         )
         await plain.aclose()
+
+
+def goodbye_over_ws(url: str) -> tuple[int | None, list[bytes]]:
+    """Say hello and goodbye to a reactive listener; its answers and its close code."""
+    import msgpack
+
+    with open_ws(url) as ws:
+        ws.send(msgpack.packb([1, 0, []]) + msgpack.packb([4, "done"]))
+        got: list[bytes] = []
+        with contextlib.suppress(Exception):
+            while True:
+                data = ws.recv(timeout=10)
+                got.append(data if isinstance(data, bytes) else data.encode())
+        return ws.close_code, got
+
+
+async def test_a_connection_the_gateway_ends_closes_1000() -> None:
+    """The runtime closes a finished connection gracefully: the WebSocket close frame goes
+    out (1000), not a bare hang-up (1006)."""
+    rs = {"name": "ws", "protocol": "reactive", "bind": "ws://127.0.0.1:0/rs"}
+    async with running_gateway({"listeners": [rs]}, registry=registry()) as gw:
+        url = gw.addresses["ws"][0]
+        code, got = await trio.to_thread.run_sync(lambda: goodbye_over_ws(url))
+    assert b"".join(got).startswith(b"\x93\x02\x00")  # serverHello first
+    assert code == 1000
