@@ -282,13 +282,47 @@ async def test_send_many_gets_each_batch_with_consecutive_tags_in_one_call(hub: 
     assert peer.bodies == [b"m%d" % i for i in range(6)]
 
 
-async def test_send_many_is_for_peer_acks(hub: Hub) -> None:
+async def test_send_many_with_ack_on_write_acks_each_batch_once_written(hub: Hub) -> None:
+    batches: list[list[bytes]] = []
+    flushed = trio.Event()
+
     async def send_many(tags: list[int], deliveries: list[Delivery]) -> None:
-        raise AssertionError("never called")
+        assert tags == [d.tag for d in deliveries]  # the hub's tags: the peer settles nothing
+        batches.append([d.message.body for d in deliveries])
+
+    async def never(tag: int, d: Delivery) -> None:
+        raise AssertionError("send_many takes every batch")
 
     async with subscriber(ack="write") as s:
-        with pytest.raises(ValueError, match="ack='peer'"):
-            s.add(hub.subscribe("t"), Peer().send, send_many=send_many)
+        feed = s.add(hub.subscribe("t"), never, send_many=send_many, flush=flushed.wait)
+        receipts = await publish_each(hub, "t", 3)
+        await settle()
+        assert batches == [[b"m0", b"m1", b"m2"]]  # one call for the batch
+        # Handed over, not yet written out: not acked, and owed by a drain.
+        assert (any(settled(receipts)), s.busy(), feed.writing) == (False, True, 3)
+        flushed.set()
+        await settle()
+        assert all(r.outcome is Outcome.DELIVERED for r in receipts)
+        assert (s.busy(), feed.writing, len(s.tags)) == (False, 0, 0)
+        more = await publish_each(hub, "t", 2)
+        await settle()
+        assert batches[1:] == [[b"m0", b"m1"]] and all(settled(more))
+
+
+async def test_send_many_with_ack_on_write_that_fails_acks_nothing(hub: Hub) -> None:
+    async def send_many(tags: list[int], deliveries: list[Delivery]) -> None:
+        raise trio.BrokenResourceError("the peer went away")
+
+    with pytest.raises(ExceptionGroup) as raised:
+        async with subscriber(ack="write") as s:
+            s.add(hub.subscribe("t", "g"), Peer().send, send_many=send_many)
+            receipts = await publish_each(hub, "t", 2)
+            await settle()
+    assert raised.group_contains(trio.BrokenResourceError)
+    assert (settled(receipts), s.busy()) == ([False, False], False)
+    # Closing the subscriber handed them back to the group: another member gets them.
+    rest = hub.subscribe("t", "g").take()
+    assert [(d.message.body, d.redelivered) for d in rest] == [(b"m0", True), (b"m1", True)]
 
 
 async def test_tags_keep_wrapping_in_a_small_space(hub: Hub) -> None:

@@ -11,7 +11,8 @@ what to do when a feed stops; the toolkit does the rest:
 * **the pump** (one task per subscription): take what the subscription has
   (:meth:`~gateway.core.destination.Subscription.take`, never more than the
   room allows), hand each delivery to ``send`` with a peer tag (or the whole
-  batch, with its tags, to ``send_many``: one frame or one write per batch), wait
+  batch, with its tags, to ``send_many``: one frame or one write per batch, in
+  either ack mode), wait
   (:meth:`~gateway.core.destination.Subscription.watch`) when there is nothing
   to take; it stops at the end of a finite read (:attr:`FeedStop.END`), when the
   subscription is closed under it (:attr:`FeedStop.CLOSED`: the hub closing), or
@@ -110,7 +111,8 @@ class Demand:
 #: Puts one delivery on the wire, under the peer's ``tag`` for it.
 Send = Callable[[int, Delivery], Awaitable[None]]
 #: Puts a batch of deliveries on the wire at once, under the peer's tags for them
-#: (consecutive in the peer's sequence space, in order).
+#: (consecutive in the peer's sequence space, in order; with ``ack="write"``, the
+#: hub's tags, as the peer settles nothing).
 SendMany = Callable[[list[int], list[Delivery]], Awaitable[None]]
 #: Waits until what was sent is written (handed to the socket, not merely queued).
 Flush = Callable[[], Awaitable[None]]
@@ -251,8 +253,12 @@ class Subscriber:
         """Pump ``sub`` to the peer through ``send``.
 
         ``send_many``, if given, takes each batch the pump takes in one call
-        instead (``ack="peer"`` only): the peer tags of the whole batch are handed
-        out first, so a protocol can frame and write it at once.
+        instead, so that a protocol frames and writes it at once rather than
+        awaiting ``send`` per delivery: with ``ack="peer"`` the peer tags of the
+        whole batch are handed out first; with ``ack="write"`` it gets the hub's
+        tags, and the batch is acked once ``send_many`` (and ``flush``) returned.
+        A feed stopped before the call sends none of the batch (it goes back to
+        the hub); once called, the whole batch counts as sent.
 
         ``flush``, if given, is awaited after each batch (before its acks, with
         ``ack="write"``). ``ended(feed, why)`` is awaited once the pump stopped
@@ -261,8 +267,6 @@ class Subscriber:
         """
         if self._closed:
             raise trio.ClosedResourceError("the subscriber is closed")
-        if send_many is not None and self.ack_on_write:
-            raise ValueError("send_many is for ack='peer' subscribers")
         feed = Feed(self, sub, send, flush, ended, credit, send_many)
         sub.watch(feed._lot)
         self.feeds.append(feed)
@@ -464,11 +468,17 @@ class Subscriber:
         feed.writing += k
         written: list[int] = []
         try:
-            for d in batch:
-                if feed.stopped is not None:
-                    break
-                await feed.send(d.tag, d)
-                written.append(d.tag)
+            if feed.send_many is not None:
+                if feed.stopped is None:
+                    tags = [d.tag for d in batch]
+                    await feed.send_many(tags, batch)
+                    written = tags
+            else:
+                for d in batch:
+                    if feed.stopped is not None:
+                        break
+                    await feed.send(d.tag, d)
+                    written.append(d.tag)
             if feed.flush is not None and written:
                 await feed.flush()
         finally:

@@ -53,8 +53,6 @@ class Stream:
     id: int
     element_size: int
     feed: Feed | None = None
-    #: Bodies handed to ``send`` and not yet encoded (``ack = "written"``).
-    pending: list[bytes] = field(default_factory=list)
     #: Peer tags sent and not yet acked to the hub (``ack = "demand"``).
     unacked: deque[int] = field(default_factory=deque)
     #: Demand the peer requested beyond its initial demand, not yet spent on acks.
@@ -125,20 +123,15 @@ class Outgoing:
 
     def _feed(self, stream: Stream, sub: Subscription, credit: int) -> Feed:
         assert self.subscriber is not None
-        ended = lambda feed, why: self._ended(stream, why)  # noqa: E731
         if self.ack_on_demand:
-            return self.subscriber.add(
-                sub,
-                _unused,
-                send_many=lambda tags, ds: self._send_many(stream, tags, ds),
-                ended=ended,
-                credit=credit,
-            )
+            send_many = lambda tags, ds: self._send_many(stream, tags, ds)  # noqa: E731
+        else:
+            send_many = lambda tags, ds: self._write(stream, ds)  # noqa: E731
         return self.subscriber.add(
             sub,
-            lambda tag, d: self._collect(stream, d),
-            flush=lambda: self._flush(stream),
-            ended=ended,
+            _unused,
+            send_many=send_many,
+            ended=lambda feed, why: self._ended(stream, why),
             credit=credit,
         )
 
@@ -160,14 +153,11 @@ class Outgoing:
             stream.feed.close()
 
     # -- delivering --------------------------------------------------------------------------
-    async def _collect(self, stream: Stream, d: Delivery) -> None:
-        """``ack = "written"``: gather the batch; :meth:`_flush` writes it at once."""
-        stream.pending.append(d.message.body)
-
-    async def _flush(self, stream: Stream) -> None:
-        bodies, stream.pending = stream.pending, []
+    async def _write(self, stream: Stream, ds: list[Delivery]) -> None:
+        """``ack = "written"``: write the batch at once and wait until it is written
+        (the toolkit acks it to the hub when this returns)."""
         try:
-            data = self._encode(stream, bodies)
+            data = self._encode(stream, [d.message.body for d in ds])
         except LocalProtocolError:
             return  # the peer ended the stream meanwhile: at most once, as documented
         await self.session.write_when_room(data)
