@@ -28,6 +28,7 @@ from gateway.sdk import LocalProtocolError, Message, Outcome, Receipt, Source
 
 from . import messages as m
 from .events import Accepted, Completed, Elements, Failed
+from .metrics import PeerMetrics
 
 if TYPE_CHECKING:
     from .peer import PeerSession
@@ -69,8 +70,10 @@ class Incoming:
         subscriptions: Sequence[RemoteSubscription],
         publish: Publish,
         source: Callable[[], Source],
+        metrics: PeerMetrics,
     ) -> None:
         self.session = session
+        self.metrics = metrics
         self.subscriptions = tuple(subscriptions)
         self.publish = publish
         self.source = source
@@ -95,6 +98,7 @@ class Incoming:
         elif isinstance(event, Accepted):
             inbound = self.streams.get(event.subscriber)
             if inbound is not None:
+                self.metrics.subscribed.inc()
                 self.session.log.info("subscribed to %r", inbound.spec.publisher)
         elif isinstance(event, Completed):
             self._ended(event.subscriber, "completed")
@@ -123,6 +127,7 @@ class Incoming:
         messages = [Message(into, body, source=source) for body in event.elements]
         publish = self.publish
         count = len(messages)
+        self.metrics.elements_received.inc(count)
         await self.session.submit(
             lambda: publish(messages), lambda r: self._answer(r, inbound, count)
         )
@@ -135,6 +140,7 @@ class Incoming:
             return self._send(m.Request(inbound.id, count))
         inbound.live = False
         self.streams.pop(inbound.id, None)
+        self.metrics.cancelled.inc()
         self.session.log.warning(
             "elements from %r %s (%s): subscription cancelled",
             inbound.spec.publisher,

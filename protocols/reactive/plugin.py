@@ -27,6 +27,7 @@ from gateway.sdk import (
 from .client import UpstreamSession
 from .incoming import DEFAULT_DEMAND, RemoteSubscription
 from .messages import MAX_DEMAND
+from .metrics import peer_metrics
 from .server import ReactiveSession
 
 __all__ = ["ReactivePlugin"]
@@ -64,6 +65,12 @@ _COMMON = {
         "size", 64 * 1024, "elements larger than this are sent in parts", 1024, 16 * 1024**2
     ),
     "handshake_timeout": Option("duration", 10.0, "time for the peer's hello to arrive", 0.001),
+    "keepalive": Option(
+        "duration", 30.0, "ping a peer silent for this long (0: never; needs the extension)", 0.0
+    ),
+    "keepalive_timeout": Option(
+        "duration", 10.0, "close the connection when nothing answers a ping within this", 0.001
+    ),
 }
 
 
@@ -128,12 +135,16 @@ class ReactivePlugin(ProtocolPlugin):
             part_size=o["part_size"],
             max_unacked=o["max_unacked"],
             handshake_timeout=o["handshake_timeout"],
+            keepalive=o["keepalive"],
+            keepalive_timeout=o["keepalive_timeout"],
+            metrics=peer_metrics(conn.metrics, "listener", conn.listener.name),
         ).serve()
 
     async def run_upstream(self, ctx: UpstreamContext) -> None:
         o = ctx.options
         subscriptions = subscriptions_of(o["subscriptions"], ctx.ingress)
         publisher = o["publisher"] or ctx.name
+        metrics = peer_metrics(ctx.metrics, "upstream", ctx.name)
 
         async def session(stream: trio.abc.Stream, info: ConnectionInfo) -> None:
             await UpstreamSession(
@@ -145,6 +156,9 @@ class ReactivePlugin(ProtocolPlugin):
                 subscriptions=subscriptions,
                 part_size=o["part_size"],
                 handshake_timeout=o["handshake_timeout"],
+                keepalive=o["keepalive"],
+                keepalive_timeout=o["keepalive_timeout"],
+                metrics=metrics,
                 log=ctx.log,
             ).run()
 

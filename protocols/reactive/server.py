@@ -11,6 +11,7 @@ listener's ``subscriptions``, if any, are made to every connecting peer (see
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from gateway.sdk import ServerConnection, Subscription
 
@@ -35,6 +36,7 @@ class ReactiveSession(PeerSession):
         part_size: int = 64 * 1024,
         max_unacked: int = 1024,
         handshake_timeout: float = 10.0,
+        **kwargs: Any,
     ) -> None:
         self.conn = conn
         self.publishers = publishers
@@ -51,6 +53,7 @@ class ReactiveSession(PeerSession):
             handshake_timeout=handshake_timeout,
             log=conn.log,
             shutdown=conn.shutdown,
+            **kwargs,
         )
 
     def _open(self, publisher: str) -> tuple[Subscription, int]:
