@@ -112,16 +112,16 @@ async def send_micromessage(stream: trio.abc.Stream, destination: str, bodies: l
         await client.wait_acked()
 
 
-async def send_reactive(stream: trio.abc.Stream, destination: str, bodies: list[bytes]) -> None:
-    """Offer ``bodies`` as the publisher the listener's ``subscriptions`` name; return
-    once the gateway took them all (its demand covers what is stored, not more)."""
+async def send_reactive(stream: trio.abc.Stream, publisher: str, bodies: list[bytes]) -> None:
+    """Offer ``bodies`` as ``publisher``, which the listener's ``subscriptions`` name;
+    return once the gateway took them all and the stream completed."""
 
     async def source() -> AsyncIterator[bytes]:
         for body in bodies:
             yield body
 
     async with Peer(stream) as peer:
-        assert await peer.publish(destination, source()) is Ending.COMPLETED
+        assert await peer.publish(publisher, source()) is Ending.COMPLETED
 
 
 #: A real client for each protocol a documented listener speaks.
@@ -174,6 +174,8 @@ def sink_config(upstream: dict[str, Any], certs: dict[str, Path]) -> dict[str, A
         "bind": "127.0.0.1:0",
         "destination": "received",
     }
+    if upstream["protocol"] == "reactive":  # it takes what the upstream publishes
+        listener["subscriptions"] = [{"publisher": upstream.get("publisher") or upstream["name"]}]
     tls = upstream.get("tls")
     if tls is not None:
         listener["tls"] = {"cert": str(certs["server_cert"]), "key": str(certs["server_key"])}
@@ -265,6 +267,11 @@ async def test_documented_config_acks_its_senders(data: dict[str, Any], tmp_path
             with trio.fail_after(DEADLINE):
                 for listener in config.get("listeners", []):
                     destination = listener.get("destination", "logs")
+                    if listener["protocol"] == "reactive":
+                        taken = listener.get("subscriptions", [{}])[0]
+                        destination = taken.get("destination", destination)
+                        if not listener.get("subscriptions"):
+                            destination = listener["publishers"][0]
                     bodies = [
                         b'{"message":"%s %d"}' % (listener["name"].encode(), i)
                         for i in range(COUNT)
@@ -273,11 +280,8 @@ async def test_documented_config_acks_its_senders(data: dict[str, Any], tmp_path
                     stream = await open_stream(
                         gw.addresses[listener["name"]][0], listener_context(listener, certs)
                     )
-                    if listener["protocol"] == "reactive" and not listener.get("subscriptions"):
-                        # It only publishes: its peer subscribes and gets what comes.
-                        destination = listener["publishers"][0]
-                        await receive_reactive(gw, stream, destination, bodies)
-                        expected = count(expected, routed(config, destination))
+                    if listener["protocol"] == "reactive":
+                        await reactive_traffic(gw, stream, listener, bodies)
                         continue
                     await SENDERS[listener["protocol"]](stream, destination, bodies)
                 # Acked means delivered: what the routes send upstream is there already.
@@ -302,11 +306,16 @@ def count(expected: dict[str, int], targets: set[str]) -> dict[str, int]:
     return expected | {t: expected.get(t, 0) + COUNT for t in targets}
 
 
-async def receive_reactive(
-    gw: Gateway, stream: trio.abc.Stream, destination: str, bodies: list[bytes]
+async def reactive_traffic(
+    gw: Gateway, stream: trio.abc.Stream, listener: dict[str, Any], bodies: list[bytes]
 ) -> None:
-    """Subscribe to ``destination`` on a publish-only reactive listener, publish
-    ``bodies`` there, and receive each of them."""
+    """Offer ``bodies`` as the publisher the listener's first subscription names; a
+    listener without subscriptions only publishes: subscribe to its first
+    publisher, publish ``bodies`` there, and receive each of them."""
+    if listener.get("subscriptions"):
+        await send_reactive(stream, listener["subscriptions"][0]["publisher"], bodies)
+        return
+    destination = listener["publishers"][0]
     async with Peer(stream) as peer, peer.subscribe(destination, len(bodies)) as sub:
         await gw.hub.publish([Message(destination, b) for b in bodies])
         got = [await sub.__anext__() for _ in bodies]
