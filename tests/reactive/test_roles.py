@@ -16,7 +16,10 @@ from typing import Any
 import pytest
 import trio
 from harness import host_port, running_gateway
+from interchange_ndjson.client import NdjsonClient
+from interchange_ndjson.plugin import NdjsonPlugin
 from toy_line import registered
+from waits import subscribed
 
 from gateway.core.model import Message
 from gateway.runtime.gateway import Gateway
@@ -42,7 +45,7 @@ from protocols.reactive.plugin import ReactivePlugin
 
 from .test_listener import GUARD, Peer, config
 
-REGISTRY = registered(ReactivePlugin)
+REGISTRY = registered(ReactivePlugin, NdjsonPlugin)
 
 
 async def take(sub: Any, count: int, ack: bool = True) -> list[bytes]:
@@ -70,6 +73,7 @@ async def offered(**options: Any) -> AsyncIterator[tuple[Gateway, Peer, Subscrib
     """A gateway whose listener subscribes to its peers' publisher ``in``; a peer whose
     hello went out, and the gateway's subscribe it got."""
     data = config(subscriptions=[{"publisher": "in", **options}])
+    data["listeners"].append({"name": "nd", "protocol": "ndjson", "bind": "127.0.0.1:0"})
     data["destinations"] += [
         {"name": "topic", "kind": "topic"},
         {"name": "fixed4", "retain": "1MiB", "element_size": 4},
@@ -124,6 +128,29 @@ async def test_more_is_requested_only_as_receipts_settle() -> None:
                 total += event.demand
             assert total <= acked
         assert total == 3
+
+
+async def test_an_ndjson_subscriber_that_never_acks_bounds_the_gateways_demand() -> None:
+    """RS publisher -> gateway -> topic -> ndjson subscriber (window 100, no acks): the
+    gateway asks the RS peer for nothing beyond its demand of 8, however long it waits;
+    the subscriber's acks release more."""
+    async with offered(destination="topic", demand=8) as (gw, peer, request):
+        sid = request.subscriber
+        async with await NdjsonClient.connect(*host_port(gw.addresses["nd"][0])) as nd:
+            await nd.subscribe("topic")
+            await subscribed(gw, "topic")
+            await peer.send(Subscribed(sid, 0), *(OnNext(sid, b"%d" % i) for i in range(8)))
+            got = [await nd.receive() for _ in range(8)]
+            assert [d.body for d in got] == [b"%d" % i for i in range(8)]
+            assert await peer.quiet() == []  # unsettled: no demand at all
+            await nd.ack(*(d.tag for d in got))
+            total = 0
+            with trio.fail_after(GUARD):
+                while total < 8:
+                    event = await peer.event()
+                    assert isinstance(event, DemandAdded), event
+                    total += event.demand
+            assert await peer.quiet() == []
 
 
 async def test_over_demand_is_a_protocol_error() -> None:
