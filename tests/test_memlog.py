@@ -524,6 +524,28 @@ async def test_ack_many_with_a_bad_tag_settles_the_ones_before(make_log: MakeLog
     assert sub.committed == Position(3)
 
 
+async def test_acks_of_consecutive_tags_settle_like_one_by_one(make_log: MakeLog) -> None:
+    log = make_log("t", retain_bytes=BIG)
+    await publish(log, msgs(range(8)))
+    sub = log.subscribe("g", start="earliest", max_unacked_bytes=BIG)
+    first = await receive_now(sub, 4)
+    rest = await receive_now(sub)
+    assert (tags(first), tags(rest)) == ([1, 2, 3, 4], [5, 6, 7, 8])
+    sub.ack_many(range(3, 7))  # across two batches, none of them whole
+    assert (sub.unacked, sub.committed) == (4, Position(0))
+    with pytest.raises(KeyError):
+        sub.ack_many([2, 3])  # 3 is settled: 2 is acked before the error
+    sub.nack(7)
+    sub.ack_many([1, 8])
+    assert (sub.unacked, sub.committed) == (0, Position(6))
+    again = await receive_now(sub)
+    assert (flagged(again), tags(again)) == ([(6, True)], [9])
+    sub.ack_many(range(9, 10))
+    assert (sub.committed, sub.unacked_bytes) == (Position(8), 0)
+    with pytest.raises(KeyError):
+        sub.ack_many(range(1, 3))
+
+
 async def test_nack_requeue_and_reject(make_log: MakeLog) -> None:
     log = make_log("t", retain_bytes=BIG)
     receipt = await publish(log, msgs(range(3)))
@@ -868,6 +890,21 @@ class LogMachine(RuleBasedStateMachine):
             chosen = chosen[:cut]
         else:
             self.call(lambda: m.sub.ack_many(chosen))
+        self.settle_tags(m, chosen)
+
+    @precondition(lambda self: any(m.unacked for m in self.live()))
+    @rule(data=st.data(), as_range=st.booleans())
+    def ack_in_order(self, data: st.DataObject, as_range: bool) -> None:
+        """Ack a slice of the unacked tags in ascending order (a batch acked as it was
+        handed out), as a list, or as a range when its tags are consecutive."""
+        m = data.draw(st.sampled_from([m for m in self.live() if m.unacked]))
+        held = sorted(m.unacked)
+        i = data.draw(st.integers(0, len(held) - 1))
+        chosen = held[i : data.draw(st.integers(i + 1, len(held)))]
+        tags: list[int] | range = chosen
+        if as_range and chosen == list(range(chosen[0], chosen[-1] + 1)):
+            tags = range(chosen[0], chosen[-1] + 1)
+        self.call(lambda: m.sub.ack_many(tags))
         self.settle_tags(m, chosen)
 
     @precondition(lambda self: any(m.unacked for m in self.live()))

@@ -247,6 +247,11 @@ class LogGroup:
         self.committed = c
         return True
 
+    def settle_range(self, lo: int, hi: int) -> bool:
+        """Mark offsets ``lo`` to ``hi`` (exclusive) settled, those below the committed
+        position passed over (evicted under drop_oldest); True if committed moved."""
+        return self.settle_run(max(lo, self.committed), hi)
+
     def settle_run(self, lo: int, hi: int) -> bool:
         """Mark offsets ``lo`` to ``hi`` (exclusive) settled; True if committed moved."""
         if lo >= hi:
@@ -850,8 +855,8 @@ class LogSubscription(Subscription):
         self._max_unacked_bytes = max_unacked_bytes
         #: Exclusive end of a finite read, or None.
         self._end = end
-        #: Unacked deliveries: tag → offset (and tag → bytes under a byte window).
-        self._tags: dict[int, int] = {}
+        #: Unacked deliveries: tag → offset, as runs (and tag → bytes under a byte window).
+        self._tags = _TagRuns()
         self._tag_bytes: dict[int, int] | None = {} if max_unacked_bytes is not None else None
         self._unacked_bytes = 0
         self._next_tag = 1
@@ -1038,7 +1043,7 @@ class LogSubscription(Subscription):
                 taken += 1
             tag = self._next_tag
             self._next_tag = tag + 1
-            tags[tag] = offset
+            tags.add_run(tag, offset, 1)
             if tag_bytes is not None:
                 tag_bytes[tag] = size
             held += size
@@ -1147,7 +1152,7 @@ class LogSubscription(Subscription):
             return False
         tag = self._next_tag
         self._next_tag = tag + 1
-        self._tags[tag] = offset
+        self._tags.add_run(tag, offset, 1)
         if self._tag_bytes is not None:
             self._tag_bytes[tag] = size
         self._unacked_bytes += size
@@ -1231,7 +1236,7 @@ class LogSubscription(Subscription):
         tag0 = self._next_tag
         self._next_tag = tag0 + k
         run_tags = range(tag0, tag0 + k)
-        self._tags.update(zip(run_tags, range(lo, hi), strict=True))
+        self._tags.add_run(tag0, lo, k)
         if self._tag_bytes is not None:
             self._tag_bytes.update(zip(run_tags, log._sizes_of(lo, hi), strict=True))
         self._unacked_bytes += log._cum(hi) - log._cum(lo)
@@ -1259,14 +1264,19 @@ class LogSubscription(Subscription):
 
     def ack_many(self, tags: Iterable[int]) -> None:
         """Settle ``tags`` in order; an unknown or settled tag raises KeyError after the
-        ones before it settled."""
+        ones before it settled.
+
+        Consecutive ascending tags of one run handed out together (an in-order ack
+        of a batch, as a list or a range) settle as one range of offsets."""
+        if isinstance(tags, (list, range)) and len(tags) > 1 and self._ack_run(tags):
+            return
         unacked = self._tags
         tag_bytes = self._tag_bytes
         offsets: list[int] = []
         nbytes = 0
         try:
             for tag in tags:
-                offset = unacked.pop(tag, None)
+                offset = unacked.pop(tag)
                 if offset is None:
                     raise KeyError(f"unknown or already settled delivery tag {tag}")
                 offsets.append(offset)
@@ -1276,6 +1286,31 @@ class LogSubscription(Subscription):
             if offsets:
                 self._log.acked += len(offsets)
                 self._settled(offsets, nbytes)
+
+    def _ack_run(self, tags: list[int] | range) -> bool:
+        """Settle ``tags`` at once if they are consecutive ascending tags held in one
+        run; whether they were (else nothing is settled)."""
+        tag, k = tags[0], len(tags)
+        if tags[-1] != tag + k - 1:
+            return False
+        if isinstance(tags, list) and tags != list(range(tag, tag + k)):
+            return False
+        if isinstance(tags, range) and tags.step != 1:
+            return False
+        lo = self._tags.pop_run(tag, k)
+        if lo is None:
+            return False
+        nbytes = 0
+        if self._tag_bytes is not None:
+            pop = self._tag_bytes.pop
+            nbytes = sum(pop(t) for t in range(tag, tag + k))
+        self._log.acked += k
+        self._unacked_bytes -= nbytes
+        g = self._group
+        if g.settle_range(lo, lo + k):
+            self._log._advanced(g)
+        g.wake()
+        return True
 
     def nack(
         self,
@@ -1290,7 +1325,7 @@ class LogSubscription(Subscription):
         The publisher's receipt settled when the message was stored, so ``outcome``
         and ``reason`` settle nothing; a skipped message counts as ``rejected``.
         """
-        offset = self._tags.pop(tag, None)
+        offset = self._tags.pop(tag)
         if offset is None:
             raise KeyError(f"unknown or already settled delivery tag {tag}")
         if self._tag_bytes is not None:
@@ -1308,7 +1343,7 @@ class LogSubscription(Subscription):
             return
         self._closed = True
         if self._tags:
-            offsets = list(self._tags.values())
+            offsets = self._tags.all_offsets()
             self._tags.clear()
             if self._tag_bytes is not None:
                 self._tag_bytes.clear()
@@ -1333,3 +1368,82 @@ def _remove_held(g: LogGroup, offsets: list[int]) -> None:
         i = bisect.bisect_left(passed, offset)
         if i < len(passed) and passed[i] == offset:
             del passed[i]
+
+
+class _TagRuns:
+    """A subscription's unacked deliveries, tag → offset, kept as runs: consecutive tags
+    for consecutive offsets are one entry (a batch handed out is one run, and the
+    next batch usually extends it), so handing out and acking a batch in order cost
+    a few list operations instead of a dict entry per delivery.
+
+    Tags are added in increasing order (the subscription's next tag only grows); a
+    run is ``[start, end)`` of tags from offset ``offset``, runs sorted and disjoint.
+    """
+
+    __slots__ = ("count", "ends", "offsets", "starts")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.offsets: list[int] = []
+        #: Tags held in all.
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    def add_run(self, tag: int, offset: int, k: int) -> None:
+        """Tags ``tag`` to ``tag + k`` (above every tag held) for offsets from ``offset``."""
+        ends = self.ends
+        if ends and ends[-1] == tag and self.offsets[-1] + tag - self.starts[-1] == offset:
+            ends[-1] = tag + k
+        else:
+            self.starts.append(tag)
+            ends.append(tag + k)
+            self.offsets.append(offset)
+        self.count += k
+
+    def pop(self, tag: int) -> int | None:
+        """Remove ``tag``: its offset, or None if it is not held."""
+        return self.pop_run(tag, 1)
+
+    def pop_run(self, tag: int, k: int) -> int | None:
+        """Remove tags ``tag`` to ``tag + k`` if one run holds them all: the offset of
+        ``tag`` (the others follow it), else None and nothing removed."""
+        i = bisect.bisect_right(self.starts, tag) - 1
+        if i < 0 or tag + k > self.ends[i] or k <= 0:
+            return None
+        starts, ends, offsets = self.starts, self.ends, self.offsets
+        start, end = starts[i], ends[i]
+        offset = offsets[i] + tag - start
+        if tag == start:
+            if tag + k == end:
+                del starts[i], ends[i], offsets[i]
+            else:
+                starts[i] = tag + k
+                offsets[i] = offset + k
+        else:
+            ends[i] = tag
+            if tag + k < end:
+                starts.insert(i + 1, tag + k)
+                ends.insert(i + 1, end)
+                offsets.insert(i + 1, offset + k)
+        self.count -= k
+        return offset
+
+    def all_offsets(self) -> list[int]:
+        """Every offset held, in tag order."""
+        return [
+            o
+            for start, end, offset in zip(self.starts, self.ends, self.offsets, strict=True)
+            for o in range(offset, offset + end - start)
+        ]
+
+    def clear(self) -> None:
+        self.starts.clear()
+        self.ends.clear()
+        self.offsets.clear()
+        self.count = 0
