@@ -655,6 +655,19 @@ async def test_drop_oldest_evicts_and_counts_dropped(make_log: MakeLog) -> None:
     assert sub.committed == Position(6)
 
 
+async def test_a_range_ack_over_evicted_entries_moves_committed_on(make_log: MakeLog) -> None:
+    log = make_log("t", retain_bytes=3 * SIZE, overflow="drop_oldest")
+    sub = log.subscribe("h", start="earliest")
+    await publish(log, msgs(range(3)))
+    got = await receive_now(sub)
+    await publish(log, msgs(range(3, 5)))  # evicts 0 and 1, which the member still holds
+    assert sub.committed == Position(2)
+    got += await receive_now(sub)
+    assert (offsets(got), tags(got)) == ([0, 1, 2, 3, 4], [1, 2, 3, 4, 5])
+    sub.ack_many(range(1, 6))
+    assert (sub.committed, sub.unacked) == (Position(5), 0)
+
+
 async def test_data_no_group_needs_stays_until_pushed_out_by_size(make_log: MakeLog) -> None:
     log = make_log("t", retain_bytes=3 * SIZE)
     sub = log.subscribe("g")
