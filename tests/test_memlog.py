@@ -527,21 +527,22 @@ async def test_ack_many_with_a_bad_tag_settles_the_ones_before(make_log: MakeLog
 async def test_acks_of_consecutive_tags_settle_like_one_by_one(make_log: MakeLog) -> None:
     log = make_log("t", retain_bytes=BIG)
     await publish(log, msgs(range(8)))
-    sub = log.subscribe("g", start="earliest", max_unacked_bytes=BIG)
-    first = await receive_now(sub, 4)
-    rest = await receive_now(sub)
-    assert (tags(first), tags(rest)) == ([1, 2, 3, 4], [5, 6, 7, 8])
-    sub.ack_many(range(3, 7))  # across two batches, none of them whole
+    sub = log.subscribe("g", start="earliest", max_unacked_bytes=4 * SIZE)
+    assert tags(await receive_now(sub)) == [1, 2, 3, 4]
+    sub.ack_many(range(2, 4))  # the middle of the batch: its bytes make room for two
+    more = await receive_now(sub)
+    assert (offsets(more), tags(more)) == ([4, 5], [5, 6])
     assert (sub.unacked, sub.committed) == (4, Position(0))
     with pytest.raises(KeyError):
-        sub.ack_many([2, 3])  # 3 is settled: 2 is acked before the error
-    sub.nack(7)
-    sub.ack_many([1, 8])
-    assert (sub.unacked, sub.committed) == (0, Position(6))
+        sub.ack_many([1, 2])  # 2 is settled: 1 is acked before the error
+    assert (sub.unacked, sub.committed) == (3, Position(3))
+    sub.nack(5)
+    sub.ack_many([4, 6])
+    assert (sub.unacked, sub.committed) == (0, Position(4))
     again = await receive_now(sub)
-    assert (flagged(again), tags(again)) == ([(6, True)], [9])
-    sub.ack_many(range(9, 10))
-    assert (sub.committed, sub.unacked_bytes) == (Position(8), 0)
+    assert (flagged(again), tags(again)) == ([(4, True), (6, False), (7, False)], [7, 8, 9])
+    sub.ack_many(range(7, 10))  # consecutive tags, not consecutive offsets
+    assert (sub.unacked, sub.committed) == (0, Position(8))
     with pytest.raises(KeyError):
         sub.ack_many(range(1, 3))
 
