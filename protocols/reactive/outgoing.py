@@ -107,16 +107,19 @@ class Outgoing:
     def _subscribe(self, event: SubscribeRequested) -> None:
         sid, session = event.subscriber, self.session
         if session.shutdown is not None and session.shutdown.is_set():
+            session.metrics.refused.inc()
             session.send_message(m.OnError(sid, "the gateway is shutting down"))
             return
         try:
             sub, size = self.opener(event.publisher)
         except (ValueError, LookupError) as e:
+            session.metrics.refused.inc()
             session.send_message(m.OnError(sid, str(e)))
             return
         stream = Stream(sid, size)
         if event.initial_demand >= m.MAX_DEMAND:
             stream.processed = m.MAX_DEMAND  # unbounded: it will never request
+        session.metrics.served.inc()
         session.send_message(m.Subscribed(sid, size))
         self.streams[sid] = stream
         stream.feed = self._feed(stream, sub, event.initial_demand)
@@ -187,11 +190,13 @@ class Outgoing:
         """One blob for a batch: packed chunks of fixed-size elements, else onNext runs
         with the elements above ``part_size`` in parts."""
         codec, sid, part = self.session.codec, stream.id, self.part_size
+        sent = self.session.metrics.elements_sent
         out: list[bytes] = []
         if stream.element_size:
             step = max(1, part // stream.element_size)
             for at in range(0, len(bodies), step):
                 out.append(codec.send_elements(sid, bodies[at : at + step]))
+            sent.inc(len(bodies))
             return b"".join(out)
         run: list[bytes] = []
         for body in bodies:
@@ -204,6 +209,7 @@ class Outgoing:
             out.append(codec.send_split(sid, body, part))
         if run:
             out.append(codec.send_elements(sid, run))
+        sent.inc(len(bodies))
         return b"".join(out)
 
     async def _ended(self, stream: Stream, why: FeedStop) -> None:

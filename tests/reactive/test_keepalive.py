@@ -23,7 +23,7 @@ from gateway.ops.metrics import Metrics
 from gateway.protocol.plugin import ConnectionInfo, ServerConnection
 from gateway.runtime.catalog import Catalog
 from gateway.sdk import ConnectionClosed
-from protocols.reactive import Accepted, Pong, Request, Subscribe
+from protocols.reactive import Accepted, Elements, OnNext, Pong, Request, Subscribe, Subscribed
 from protocols.reactive.events import Pinged
 from protocols.reactive.plugin import ReactivePlugin
 
@@ -129,3 +129,26 @@ async def test_a_connection_without_subscriptions_is_idle(autojump_clock: Any) -
             start = trio.current_time()
             assert isinstance(await peer.event(timeout=600), ConnectionClosed)
             assert trio.current_time() - start == pytest.approx(10.0, abs=0.5)
+
+
+async def test_the_metric_families_count_streams_and_elements(autojump_clock: Any) -> None:
+    async with served(keepalive="0s", subscriptions=[{"publisher": "in", "demand": 3}]) as (
+        peer,
+        metrics,
+    ):
+        request = await peer.event(timeout=60)  # the listener's subscribe to us
+        sid = request.subscriber
+        await peer.send(Subscribe("logs", 1, 10), Subscribe("hidden", 2, 1))
+        assert await peer.event(timeout=60) == Accepted(1, 0)
+        await peer.event(timeout=60)  # onError: not exposed
+        await peer.send(Subscribed(sid, 0), OnNext(sid, b"a"), OnNext(sid, b"b"))
+        got: list[bytes] = []
+        while len(got) < 2:  # into logs, and out to us (among the listener's requests)
+            event = await peer.event(timeout=60)
+            got += event.elements if isinstance(event, Elements) else []
+        assert got == [b"a", b"b"]
+        assert count(metrics, "reactive_served_subscriptions_total") == 1
+        assert count(metrics, "reactive_refused_subscriptions_total") == 1
+        assert count(metrics, "reactive_subscriptions_total") == 1
+        assert count(metrics, "reactive_elements_received_total") == 2
+        assert count(metrics, "reactive_elements_sent_total") == 2
