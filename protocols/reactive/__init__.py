@@ -13,18 +13,11 @@
 ``docs/protocols/reactive-streams.md`` describes the wire format and semantics.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from gateway.sdk import NEED_DATA, CodecState, ConnectionClosed
 
-from .api import (
-    FLUSH_TIMEOUT,
-    PART_SIZE,
-    ConnectionLost,
-    Ending,
-    Peer,
-    PublisherError,
-    Subscription,
-    serve_tcp,
-)
 from .codec import (
     KEEPALIVE,
     NON_POSITIVE_REQUEST,
@@ -129,3 +122,36 @@ __all__ = [
     "goodbye_reason",
     "serve_tcp",
 ]
+
+if TYPE_CHECKING:
+    from .api import (
+        FLUSH_TIMEOUT,
+        PART_SIZE,
+        ConnectionLost,
+        Ending,
+        Peer,
+        PublisherError,
+        Subscription,
+        serve_tcp,
+    )
+
+#: The library's names (:mod:`.api`, on trio), imported on first use: the sans-IO
+#: modules of this package (the codec) must import without trio.
+_LIBRARY = frozenset(
+    {
+        "FLUSH_TIMEOUT",
+        "PART_SIZE",
+        "ConnectionLost",
+        "Ending",
+        "Peer",
+        "PublisherError",
+        "Subscription",
+        "serve_tcp",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LIBRARY:
+        return getattr(importlib.import_module(".api", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
