@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway import __version__
-from gateway.config.loader import DEFAULT_ADMIN_PORT, Config, ConfigError, default_config, load
+from gateway.config.loader import (
+    DEFAULT_ADMIN_PORT,
+    Config,
+    ConfigError,
+    default_config,
+    load,
+    usable_cores,
+    workers_problems,
+)
 from gateway.core.errors import first_leaf
 from gateway.protocol.plugin import PluginError
 from gateway.runtime.registry import Registry, default_registry
@@ -56,15 +64,69 @@ EXIT_ABANDONED = 3
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         config = _load(args.config)
+        workers = _workers(args, config)
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 1
     _setup_logging(
         args.log_level or config.gateway.log_level, args.log_format or config.gateway.log_format
     )
+    if args.worker is not None:
+        return _run_worker(args.worker, config)
     if config.path is None:
         log.info("no config file given: running the embedded default configuration")
     _warn_about(config)
+    if workers > 1:
+        return _supervise(args, config, workers)
+    return _run_gateway(config)
+
+
+def _workers(args: argparse.Namespace, config: Config) -> int:
+    """``--workers``, else ``[gateway] workers``; a count the config cannot run on is refused."""
+    if args.worker is not None or args.workers is None:
+        return 1 if args.worker is not None else config.gateway.workers
+    workers: int = usable_cores() if args.workers == "auto" else args.workers
+    if workers > 1:
+        problems = workers_problems(config, workers)
+        if problems:
+            raise ConfigError(problems)
+    return workers
+
+
+def _run_worker(spec_text: str, config: Config) -> int:
+    """``--worker SPEC``: serve the supervisor's sockets as one normal gateway."""
+    from gateway.runtime.worker import WorkerSpec, adopt
+
+    spec = WorkerSpec.decode(spec_text)
+    adopt(spec)
+    log.info("worker %d (pid %d) starting", spec.index, os.getpid())
+    return _run_gateway(config, parent=spec.parent)
+
+
+def _supervise(args: argparse.Namespace, config: Config, workers: int) -> int:
+    """Bind once and run ``workers`` worker processes (see ``gateway.runtime.supervisor``)."""
+    from gateway.runtime.supervisor import Supervisor, default_command
+
+    extra = [f"--log-level={args.log_level}"] if args.log_level else []
+    extra += [f"--log-format={args.log_format}"] if args.log_format else []
+    supervisor = Supervisor(config, workers, default_command(args.config, extra))
+
+    async def supervise() -> int:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(supervisor.watch_signals)
+            status = await supervisor.run()
+            nursery.cancel_scope.cancel()
+        return status
+
+    try:
+        return trio.run(supervise)
+    except OSError as e:
+        log.error("cannot start: %s", e)
+        return 1
+
+
+def _run_gateway(config: Config, parent: int | None = None) -> int:
+    """Run one gateway in this process until it stops; return the exit status."""
     from gateway.runtime.collector import tune_collector
     from gateway.runtime.gateway import Gateway
 
@@ -72,7 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         gateway = Gateway(config)  # loads the protocol plugins: may fail to start too
         tune_collector()
-        trio.run(_run, gateway)
+        trio.run(_run, gateway, parent)
     except BaseExceptionGroup as eg:
         start_errors, rest = eg.split((OSError, PluginError))
         if start_errors is None or rest is not None:
@@ -172,9 +234,13 @@ def _about_data_dir(config: Config, error: BaseException) -> str | None:
     return f"{source}: gateway.data_dir: cannot use '{filename}': {error.strerror or error}"
 
 
-async def _run(gateway: Gateway) -> None:
+async def _run(gateway: Gateway, parent: int | None = None) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, gateway, nursery.cancel_scope)
+        if parent is not None:
+            from gateway.runtime.worker import watch_parent
+
+            nursery.start_soon(watch_parent, parent, gateway.shutdown)
         await gateway.run()
         nursery.cancel_scope.cancel()
 
@@ -357,7 +423,27 @@ def _add_run(sub: _Subparsers) -> None:
         choices=("text", "json"),
         help="text (default) or json: one JSON object per line",
     )
+    run.add_argument(
+        "--workers",
+        type=_worker_count,
+        help='worker processes sharing the listeners: a number or "auto" (the usable cores);'
+        " default [gateway] workers, 1",
+    )
+    run.add_argument("--worker", help=argparse.SUPPRESS)  # set by the supervisor for its workers
     run.set_defaults(func=cmd_run)
+
+
+def _worker_count(text: str) -> int | str:
+    """``--workers``: a positive integer or ``auto``."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected a number or "auto", not {text!r}') from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {count}")
+    return count
 
 
 def _add_check(sub: _Subparsers) -> None:

@@ -41,6 +41,8 @@ __all__ = [
     "default_config",
     "load",
     "parse",
+    "usable_cores",
+    "workers_problems",
 ]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
@@ -70,6 +72,8 @@ class GatewaySettings:
     #: ``text`` or ``json`` (one JSON object per line).
     log_format: str = "text"
     limits: HubLimits = field(default_factory=HubLimits)
+    #: Worker processes ``gateway run`` starts (``"auto"``: the usable cores); 1: no supervisor.
+    workers: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +162,21 @@ def _convert(kind: str, value: Any) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"expected a list of strings, got {_describe(value)}")
         return list(value)
+    if kind == "workers":
+        if value == "auto":
+            return usable_cores()
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f'expected a number of workers or "auto", got {_describe(value)}')
+        return value
     raise AssertionError(f"unknown option kind {kind}")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), what ``workers = "auto"`` means."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # no affinity on this platform
+        return os.cpu_count() or 1
 
 
 def _describe(value: Any) -> str:
@@ -379,7 +397,7 @@ def parse(
     )
     if errors.items:
         raise ConfigError(errors.items)
-    return Config(
+    config = Config(
         gateway,
         [ls for _, ls in listeners],
         upstreams,
@@ -393,6 +411,88 @@ def parse(
         admin_idle_timeout=admin.idle_timeout,
         store=store,
     )
+    if gateway.workers > 1:
+        problems = workers_problems(config, gateway.workers, registry, source)
+        if problems:
+            raise ConfigError(problems)
+    return config
+
+
+#: Why a config that keeps state is refused with several workers.
+_ONE_WORKER = (
+    "with workers = {n} each worker would keep its own, so what one worker takes another"
+    " never sees; only relays to upstreams work across workers for now"
+    " (cross-worker state comes later)"
+)
+
+
+def workers_problems(
+    config: Config, workers: int, registry: Registry | None = None, source: str | None = None
+) -> list[str]:
+    """Why ``config`` cannot run as ``workers`` processes yet (empty: it can).
+
+    Workers share nothing but the listening sockets, so every message must
+    leave through an upstream's relay queue (each worker has its own pool):
+    no ``[[destinations]]``, every route target an ``upstream:NAME``, a route
+    ``from = "*"`` so that no name is left an in-memory topic, no protocol
+    that keeps segments, no upstream that ``subscribe``s (each worker would
+    publish what it receives), no ``[metrics]`` or ``[admin]`` endpoint.
+    Errors name the key as :func:`parse` does (the config's entries are in
+    file order once it parsed without errors).
+    """
+    registry = registry or default_registry()
+    where = source or str(config.path or "the embedded default config")
+    why = _ONE_WORKER.format(n=workers)
+    out: list[str] = []
+    for i, d in enumerate(config.destinations):
+        what = "a durable log" if d.store else "in-memory state"
+        out.append(f"{where}: destinations[{i}]: destination {d.name!r} is {what}: {why}")
+    for i, route in enumerate(config.routes):
+        for target in route.to:
+            if not target.startswith(UPSTREAM_PREFIX):
+                out.append(
+                    f"{where}: routes[{i}].to: {target!r} is an in-memory destination: {why}"
+                )
+    if not any(_relays_everything(route) for route in config.routes):
+        out.append(
+            f'{where}: routes: no route from = "*" sends every name to upstreams, and a name'
+            f" no route matches is an in-memory topic: {why}"
+        )
+    out += _peer_problems(config, registry, where, why)
+    for key, bind in (("metrics", config.metrics_bind), ("admin", config.admin_bind)):
+        if bind is not None:
+            out.append(
+                f"{where}: {key}.bind: the [{key}] endpoint is not served with workers > 1 yet"
+                f" (it would show one worker of {workers}); remove [{key}] or run one worker"
+            )
+    return out
+
+
+def _relays_everything(route: Route) -> bool:
+    """``from = "*"`` to upstreams only: every name leaves through a relay queue."""
+    return set(route.pattern) == {"*"} and all(t.startswith(UPSTREAM_PREFIX) for t in route.to)
+
+
+def _peer_problems(config: Config, registry: Registry, where: str, why: str) -> list[str]:
+    """Listeners whose protocol keeps segments; upstreams that publish what they receive."""
+    out = []
+    for i, ls in enumerate(config.listeners):
+        try:
+            stores = registry.protocol(ls.protocol).needs_store
+        except LookupError:
+            continue
+        if stores:
+            out.append(
+                f"{where}: listeners[{i}]: protocol {ls.protocol!r} keeps segments in the"
+                f" store: {why}"
+            )
+    for i, up in enumerate(config.upstreams):
+        if up.options.get("subscribe"):
+            out.append(
+                f"{where}: upstreams[{i}].subscribe: every worker would subscribe and publish"
+                f" each message it receives once more: {why}"
+            )
+    return out
 
 
 def _gateway(root: _Table, base: Path) -> GatewaySettings:
@@ -405,6 +505,7 @@ def _gateway(root: _Table, base: Path) -> GatewaySettings:
         log_level=str(gw.get("log_level", "str", "info", check=check_level)).lower(),
         log_format=str(gw.get("log_format", "str", "text", check=check_format)).lower(),
         limits=limits,
+        workers=gw.get("workers", "workers", 1, minimum=1),
     )
     gw.finish()
     return gateway

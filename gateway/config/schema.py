@@ -133,6 +133,9 @@ def _scalar(
         number = _bounded({"type": "integer", "minimum": 0}, minimum, maximum)
         text = {"type": "string", "pattern": SIZE_PATTERN}
         return {"anyOf": [number, text], "description": 'bytes, or "512KiB", "64MiB"...'}
+    if kind == "workers":
+        count = _bounded({"type": "integer"}, minimum, maximum)
+        return {"anyOf": [count, {"const": "auto"}], "description": 'a number, or "auto"'}
     if kind == "str_list":
         return strings
     if kind == "str_or_list":

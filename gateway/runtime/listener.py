@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Sequence
 
 import trio
 
@@ -27,7 +28,22 @@ from gateway.runtime.connection import Connection
 from gateway.runtime.registry import Registry
 from gateway.runtime.state import ListenerState, Shared
 
-__all__ = ["serve_listener"]
+__all__ = ["adopt_sockets", "serve_listener"]
+
+#: Sockets a supervisor bound, by listener name: the bind they are for and the
+#: sockets (see :func:`adopt_sockets`).
+_INHERITED: dict[str, tuple[str, list[socket.socket]]] = {}
+
+
+def adopt_sockets(name: str, bind: str, sockets: list[socket.socket]) -> None:
+    """Serve listener ``name`` on ``sockets`` (bound for ``bind``) instead of binding.
+
+    A worker of ``gateway run --workers N`` calls it before its gateway starts.
+    Each start of the listener (a reload restarts it) gets duplicates of the
+    sockets, so that closing one listener never closes what the next one
+    serves; a reload that changes the listener's ``bind`` binds as usual.
+    """
+    _INHERITED[name] = (bind, list(sockets))
 
 
 def listener_state(
@@ -69,7 +85,7 @@ async def serve_listener(
     """
     state = listener_state(ls, plugin, registry, shared)
     try:
-        listeners = await state.transport.listen(ls.bind)
+        listeners = await _open(state, ls)
     except OSError as e:
         raise OSError(e.errno, f"listener {ls.name!r} cannot bind {ls.bind}: {e.strerror or e}")
     state.addresses = [state.transport.listener_name(sl) for sl in listeners]
@@ -93,6 +109,16 @@ async def serve_listener(
         state.closed.set()
         if state.removed and table.get(ls.name) is state:
             del table[ls.name]
+
+
+async def _open(
+    state: ListenerState, ls: ListenerSettings
+) -> Sequence[trio.abc.Listener[trio.abc.Stream]]:
+    """The listener's sockets: adopted if a supervisor bound them, else bound now."""
+    inherited = _INHERITED.get(ls.name)
+    if inherited is not None and inherited[0] == ls.bind:
+        return await state.transport.adopt(ls.bind, [s.dup() for s in inherited[1]])
+    return await state.transport.listen(ls.bind)
 
 
 def _count_from_zero(shared: Shared, name: str) -> None:

@@ -14,6 +14,7 @@ handshake if a ``tls`` table asks for one, then the transport's
 from __future__ import annotations
 
 import re
+import socket
 import ssl
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -99,6 +100,20 @@ class Transport(ABC):
         the new stream: a handshake belongs in :meth:`accepted`, which runs in
         the connection's own task, never in the accept loop.
         """
+
+    async def adopt(
+        self, address: str, sockets: Sequence[socket.socket]
+    ) -> Sequence[trio.abc.Listener[trio.abc.Stream]]:
+        """Listen on ``sockets``, already bound and listening for ``address``, instead of binding.
+
+        The workers of ``gateway run --workers N`` serve the sockets their
+        supervisor bound once (with :meth:`listen`), so that every worker
+        accepts from the same queue. The listeners own the sockets (closing a
+        listener closes its socket). The default wraps each stream socket in a
+        ``trio.SocketListener``; a transport whose :meth:`listen` returns
+        listeners of its own (``ws``) wraps them the same way.
+        """
+        return [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in sockets]
 
     @abstractmethod
     async def connect(self, address: str) -> trio.abc.Stream:

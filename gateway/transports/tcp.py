@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+from collections.abc import Sequence
 from typing import Any
 
 import trio
@@ -112,6 +113,15 @@ class TcpTransport(Transport):
             listeners = await self._same_port(listeners, host)
         for listener in listeners:
             # Linux and the BSDs copy SO_KEEPALIVE from the listening socket to accepted ones.
+            enable_keepalive(listener.socket)
+        return listeners
+
+    async def adopt(
+        self, address: str, sockets: Sequence[socket.socket]
+    ) -> list[trio.SocketListener]:
+        """Serve sockets bound for ``address`` elsewhere (a supervisor), keepalive on."""
+        listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in sockets]
+        for listener in listeners:
             enable_keepalive(listener.socket)
         return listeners
 

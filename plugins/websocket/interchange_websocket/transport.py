@@ -9,6 +9,7 @@ run. So that an address never says more than is true, ``wss://`` without a
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlencode
@@ -50,6 +51,13 @@ class WebSocketTransport(Transport):
     async def listen(self, address: str) -> Sequence[trio.abc.Listener[trio.abc.Stream]]:
         ws = parse_ws_address(address)
         return [WebSocketListener(inner, ws) for inner in await tcp.listen(ws.host_header)]
+
+    async def adopt(
+        self, address: str, sockets: Sequence[socket.socket]
+    ) -> Sequence[trio.abc.Listener[trio.abc.Stream]]:
+        """The TCP sockets a supervisor bound for ``address``, each serving WebSocket."""
+        ws = parse_ws_address(address)
+        return [WebSocketListener(inner, ws) for inner in await tcp.adopt(ws.host_header, sockets)]
 
     def listener_name(self, listener: trio.abc.Listener[Any]) -> str:
         """``ws://127.0.0.1:41234/path``, with the subprotocols a client must offer."""
