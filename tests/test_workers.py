@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from harness import host_port, running_gateway
+from harness import host_port, running_gateway, start
 from interchange_ndjson.client import NdjsonClient
 from waits import subscribed, until
 
@@ -31,6 +31,7 @@ from gateway.config.loader import ConfigError, parse, usable_cores
 from gateway.runtime import listener as listener_module
 from gateway.runtime.gateway import Gateway
 from gateway.runtime.registry import default_registry
+from gateway.runtime.supervisor import Supervisor
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -226,6 +227,8 @@ async def test_two_workers_share_connections_relay_everything_and_drain(tmp_path
         await until(lambda: expected <= set(sink.bodies))
         for client in clients:
             await client.aclose()
+        run.process.send_signal(signal.SIGHUP)  # each worker reloads the file
+        await run.wait_for(r"SIGHUP: reloading", 2)
         run.process.send_signal(signal.SIGTERM)
         with trio.fail_after(STARTUP):
             status = await run.process.wait()
@@ -273,6 +276,23 @@ async def test_a_killed_worker_is_restarted_and_nothing_acked_is_lost(tmp_path: 
         run.process.send_signal(signal.SIGTERM)
         with trio.fail_after(STARTUP):
             assert await run.process.wait() == 0, "\n".join(run.lines)
+
+
+async def test_a_worker_that_keeps_dying_is_restarted_later_each_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker that exits at once is logged with its status and restarted after
+    0.5 s, then 1 s; stopping during the wait ends the supervisor, unclean."""
+    config = parse({"gateway": {"drain_timeout": "1s"}}, source="<test>")
+    dies = [sys.executable, "-c", "raise SystemExit(7)"]
+    supervisor = Supervisor(config, 1, lambda spec: dies)
+    async with trio.open_nursery() as nursery:
+        finished = start(nursery, supervisor.run)
+        await until(lambda: "restarting in 1s" in caplog.text)
+        supervisor.stop()
+        assert await finished.wait() == 1
+    assert "exited with status 7 after" in caplog.text
+    assert "restarting in 0.5s" in caplog.text
 
 
 # -- refusals ------------------------------------------------------------------------
