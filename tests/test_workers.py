@@ -331,6 +331,32 @@ def test_a_relay_config_is_accepted_and_auto_is_the_usable_cores() -> None:
             {"routes": [{"from": "logs.*", "to": "upstream:sink"}]},
             'gw.toml: routes: no route from = "*" sends every name to upstreams',
         ),
+        (
+            {
+                "upstreams": [
+                    {
+                        "name": "sink",
+                        "protocol": "reactive",
+                        "connect": "127.0.0.1:9",
+                        "subscriptions": [{"publisher": "alerts"}],
+                    }
+                ]
+            },
+            "gw.toml: upstreams[0].subscriptions: every worker would subscribe",
+        ),
+        (
+            {
+                "upstreams": [
+                    {
+                        "name": "sink",
+                        "protocol": "micromessage",
+                        "connect": "127.0.0.1:9",
+                        "subscribe": [{"destination": "alerts"}],
+                    }
+                ]
+            },
+            "gw.toml: upstreams[0].subscribe: every worker would subscribe",
+        ),
         ({"metrics": {"bind": "127.0.0.1:0"}}, "gw.toml: metrics.bind: the [metrics] endpoint"),
         ({"admin": {"bind": "127.0.0.1:0"}}, "gw.toml: admin.bind: the [admin] endpoint"),
     ],

@@ -487,9 +487,13 @@ def _peer_problems(config: Config, registry: Registry, where: str, why: str) -> 
                 f" store: {why}"
             )
     for i, up in enumerate(config.upstreams):
-        if up.options.get("subscribe"):
+        try:
+            key = registry.protocol(up.protocol).upstream_receives(up.options)
+        except LookupError:
+            continue
+        if key:
             out.append(
-                f"{where}: upstreams[{i}].subscribe: every worker would subscribe and publish"
+                f"{where}: upstreams[{i}].{key}: every worker would subscribe and publish"
                 f" each message it receives once more: {why}"
             )
     return out

@@ -100,6 +100,17 @@ class ProtocolPlugin(ABC):
         """Extra keys for this protocol's listener in the embedded default config."""
         return {}
 
+    @classmethod
+    def upstream_receives(cls, options: dict[str, Any]) -> str | None:
+        """The option (its key) with which an upstream of these ``options`` takes
+        messages from its peer and publishes them locally, or None if it does not.
+
+        Workers (``gateway run --workers N``) share no state yet, so every worker's
+        upstream would take and publish the same messages once more: such an
+        upstream is refused with more than one worker.
+        """
+        return None
+
     async def setup(self, env: PluginEnv) -> None:  # noqa: B027 (optional hook)
         """Prepare this gateway's instance before any listener binds (optional).
 

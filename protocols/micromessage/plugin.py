@@ -135,6 +135,10 @@ class MicromessagePlugin(ProtocolPlugin):
     def default_listener(cls) -> dict[str, Any]:
         return {"destination": "logs"}
 
+    @classmethod
+    def upstream_receives(cls, options: dict[str, Any]) -> str | None:
+        return "subscribe" if options.get("subscribe") else None
+
     async def serve(self, conn: ServerConnection) -> None:
         o = conn.options
         session = ServerSession(

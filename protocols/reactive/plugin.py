@@ -125,6 +125,10 @@ class ReactivePlugin(ProtocolPlugin):
             "subscriptions": [{"publisher": "logs"}],
         }
 
+    @classmethod
+    def upstream_receives(cls, options: dict[str, Any]) -> str | None:
+        return "subscriptions" if options.get("subscriptions") else None
+
     async def serve(self, conn: ServerConnection) -> None:
         o = conn.options
         await ReactiveSession(
