@@ -68,6 +68,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 1
+    if args.worker is not None:
+        from gateway.ops.logsetup import log_process
+        from gateway.runtime.worker import WorkerSpec
+
+        log_process(WorkerSpec.decode(args.worker).index)
     _setup_logging(
         args.log_level or config.gateway.log_level, args.log_format or config.gateway.log_format
     )

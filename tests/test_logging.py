@@ -240,3 +240,20 @@ async def test_a_refused_connection_is_logged(json_log: io.StringIO) -> None:
     assert refused["close_reason"] == "max connections"
     assert refused["listener"] == "nd"
     assert refused["message"].endswith("connection refused: max connections")
+
+
+def test_a_worker_says_which_it_is_on_every_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gateway run --workers N``: each worker process marks its lines."""
+    from gateway.ops import logsetup
+
+    monkeypatch.setattr(logsetup, "_process", {})
+    logsetup.log_process(2)
+    for fmt, expected in (("text", " [worker 2] gateway.test: hello"), ("json", '"worker": 2')):
+        out = io.StringIO()
+        handler = logsetup.setup_logging("info", fmt, out)
+        try:
+            logging.getLogger("gateway.test").info("hello")
+        finally:
+            assert handler is not None
+            logging.getLogger().removeHandler(handler)
+        assert expected in out.getvalue(), out.getvalue()

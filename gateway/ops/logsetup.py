@@ -7,7 +7,9 @@ or one JSON object per line with ``time`` (UTC, ISO 8601, milliseconds),
 those passed with ``extra=`` and those of the :func:`log_context` of the
 task that logged (``listener`` and ``peer`` for everything logged about a
 connection, ``upstream`` for an upstream), and ``exception`` with the
-traceback when there is one.
+traceback when there is one. A worker process of ``gateway run --workers N``
+says which it is on every line (:func:`log_process`): ``"worker": 2`` in
+JSON, ``[worker 2]`` after the level in text.
 
 Levels and formats are case-insensitive: ``INFO``, ``Debug`` and ``info`` are
 the same level. Every line's length, and the rate of lines about peers, are
@@ -35,6 +37,7 @@ __all__ = [
     "check_format",
     "check_level",
     "log_context",
+    "log_process",
     "parse_format",
     "parse_level",
     "setup_logging",
@@ -44,6 +47,9 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 #: The text format's line.
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+#: Fields added to every record this process logs (:func:`log_process`).
+_process: dict[str, object] = {}
 
 #: Fields added to every record the current task (and the tasks it starts) logs.
 _context: contextvars.ContextVar[Mapping[str, object] | None] = contextvars.ContextVar(
@@ -67,6 +73,12 @@ def log_context(**fields: object) -> None:
     """
     current = _context.get()
     _context.set({**current, **fields} if current else fields)
+
+
+def log_process(worker: int) -> None:
+    """Mark every record of this process as worker ``worker``'s (call before
+    :func:`setup_logging`, whose text format then shows it)."""
+    _process["worker"] = worker
 
 
 def parse_level(value: str) -> str:
@@ -100,6 +112,9 @@ class ContextFilter(logging.Filter):
     overriding a field the call passed with ``extra=``)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in _process.items():
+            if key not in record.__dict__:
+                setattr(record, key, value)
         fields = _context.get()
         if fields:
             for key, value in fields.items():
@@ -190,7 +205,10 @@ def setup_logging(
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+        text = TEXT_FORMAT
+        if "worker" in _process:
+            text = text.replace("%(name)s", f"[worker {_process['worker']}] %(name)s")
+        handler.setFormatter(logging.Formatter(text))
     handler.addFilter(ContextFilter())
     # After the context: it guards the lines about peers (those with a peer field).
     handler.addFilter(line_guard)
