@@ -21,6 +21,11 @@ Two benchmarks, both driven by a *replay client* in the benchmark process:
     → ``upstream:b``, a Lumberjack upstream) in front of gateway B (the sink
     above). A acks the replay client only once B acked the relayed window,
     and B only once its consumer acked, so the figure is end-to-end.
+    ``--workers N`` runs A as ``gateway run --workers N`` (a supervisor and N
+    worker processes on one listening socket; A's CPU is their sum, and each
+    worker's share is reported); the load starts once every worker serves.
+    ``--direct`` then replays the same load straight to B for as long, and
+    reports the relay's rate as a share of that (``relay / direct``).
 
 The replay client does what the reference measurements of go-lumber and an
 asyncio reference server did:
@@ -75,7 +80,8 @@ from gateway.core.errors import RemoteProtocolError
 from protocols.lumberjack import NEED_DATA, ClientCodec, ConnectionClosed, Progress, encode_window
 
 from . import Result, add_warmup, int_at_least, register
-from ._gateway import RunningGateway, supervise, to_toml
+from ._gateway import START_TIMEOUT, RunningGateway, supervise, to_toml
+from ._process import cpu_times
 from ._system import busy_seconds
 
 #: The repository root: where ``python -m bench.lumberjack`` finds the package.
@@ -432,7 +438,12 @@ def sink_config(args: argparse.Namespace, tls: bool) -> dict[str, Any]:
 
 
 def relay_config(args: argparse.Namespace, tls: bool, sink_address: str) -> dict[str, Any]:
-    """A Lumberjack listener whose events all go to a Lumberjack upstream (the sink)."""
+    """A Lumberjack listener whose events all go to a Lumberjack upstream (the sink).
+
+    A relay config in the sense of ``gateway run --workers N`` (route ``from =
+    "*"`` to an upstream only, no destination, no metrics), so the same config
+    serves one process or a supervisor and its workers.
+    """
     upstream: dict[str, Any] = {
         "name": UPSTREAM,
         "protocol": "lumberjack",
@@ -444,7 +455,8 @@ def relay_config(args: argparse.Namespace, tls: bool, sink_address: str) -> dict
         "gateway": _gateway_table(),
         "listeners": [_listener(args, tls)],
         "upstreams": [upstream],
-        "routes": [{"from": DESTINATION, "to": [f"upstream:{UPSTREAM}"]}],
+        # Every name, not just ``logs``: the rule a config must meet to run with workers.
+        "routes": [{"from": "*", "to": [f"upstream:{UPSTREAM}"]}],
     }
 
 
@@ -842,14 +854,111 @@ async def _run_lumberjack(args: argparse.Namespace) -> Result:
     return result
 
 
+class SupervisedGateway(RunningGateway):
+    """Gateway A as ``gateway run --workers N``: its CPU is the whole process tree's.
+
+    With N > 1 the started process is the supervisor and the work is done by
+    its children, so CPU and memory are summed over the supervisor and its
+    workers. Each :meth:`cpu_times` call also keeps the per-process figures
+    (``snapshots``), so the window's first and last calls give each worker's
+    share; :meth:`cpu_seconds` (the per-second load sampler) keeps nothing.
+    """
+
+    def __init__(self, workers: int) -> None:
+        super().__init__("subprocess")
+        self.workers = workers
+        self.snapshots: list[dict[int, tuple[float, float]]] = []
+
+    def tree(self) -> list[int]:
+        """The supervisor's pid, then its children's (the workers); empty once it is gone."""
+        if self.pid is None:
+            return []
+        # Every thread's list: trio starts processes from a thread of its own.
+        children: set[int] = set()
+        for task in Path(f"/proc/{self.pid}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                children.update(map(int, task.read_text(encoding="ascii").split()))
+        return [self.pid, *sorted(children)]
+
+    def _per_process(self) -> dict[int, tuple[float, float]]:
+        return {pid: t for pid in self.tree() if (t := cpu_times(pid)) is not None}
+
+    def cpu_times(self) -> tuple[float, float] | None:
+        times = self._per_process()
+        self.snapshots.append(times)
+        return _sum_times(times)
+
+    def cpu_seconds(self) -> float | None:
+        total = _sum_times(self._per_process())
+        return None if total is None else total[0] + total[1]
+
+    def max_rss_mib(self) -> float | None:
+        """The peaks (VmHWM) of the supervisor and its workers, added up."""
+        peaks = [_peak_rss_mib(pid) for pid in self.tree()]
+        known = [p for p in peaks if p is not None]
+        return sum(known) if known else None
+
+    def serving_lines(self) -> int:
+        return sum(1 for line in self.log if _SERVING_LINE.search(line))
+
+    async def wait_for_workers(self, timeout: float) -> bool:
+        """Until every worker logged ``serving:`` (so none is left to take every connection)."""
+        if self.workers == 1:
+            return True
+        with trio.move_on_after(timeout):
+            # The log is filled by _gateway's reader, which sets no event per line: poll it.
+            while self.serving_lines() < 1 + self.workers:  # noqa: ASYNC110
+                await trio.sleep(0.05)
+            return True
+        return False
+
+    def listener_address(self) -> tuple[str, int]:
+        """The listener's address; the supervisor's line ends ``; N workers``, not an address."""
+        first = self.addresses[LISTENER][0].rstrip(";")
+        host, _, port = first.rpartition(":")
+        return host.strip("[]"), int(port)
+
+    def window_per_process(self) -> list[tuple[int, float]]:
+        """``(pid, user + system seconds)`` between the window's first and last CPU reading."""
+        if len(self.snapshots) < 2:
+            return []
+        first, last = self.snapshots[0], self.snapshots[-1]
+        return [(pid, sum(last[pid]) - sum(first.get(pid, (0.0, 0.0)))) for pid in sorted(last)]
+
+
+#: ``serving:`` as the supervisor (``gateway.supervisor``) and each worker log it.
+_SERVING_LINE = re.compile(r"gateway[\w.]*: serving: ")
+
+
+def _sum_times(times: Mapping[int, tuple[float, float]]) -> tuple[float, float] | None:
+    if not times:
+        return None
+    return sum(t[0] for t in times.values()), sum(t[1] for t in times.values())
+
+
+def _peak_rss_mib(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 async def _run_relay(args: argparse.Namespace) -> Result:
     window = encode_window(
         2, make_events(args.events, args.size), args.level, compress=zlib.compress
     )
     result = Result(params=_params(args, "subprocess", window))
+    result.params["workers"] = args.workers
+    result.params["direct"] = args.direct
     if args.profile is not None:
         result.params["profiled"] = True
     replay = Replay(window, args.events, args.inflight)
+    direct = Replay(window, args.events, args.inflight)
+    relay = SupervisedGateway(args.workers)
     with tempfile.TemporaryDirectory(prefix="interchange-bench-") as tmp_name:
         tmp = Path(tmp_name)
         context = _client_context(_make_certs(tmp)) if args.tls else None
@@ -866,30 +975,91 @@ async def _run_relay(args: argparse.Namespace) -> Result:
             b_host, b_port = sink.running.address(LISTENER)
             a_config = relay_config(args, args.tls, f"{b_host}:{b_port}")
             result.details["gateway_configs"] = {"relay": a_config, "sink": b_config}
-            relay = RunningGateway("subprocess")
-            command = ["-m", "gateway", "run", "{config}"]
+            command = ["-m", "gateway", "run", "{config}", "--workers", str(args.workers)]
             async with gateway_process(a_config, tmp / "relay.toml", command, relay, args.profile):
-                host, port = relay.address(LISTENER)
-                measured = await drive(replay, [relay, sink.running], host, port, context, args)
-    problems = replay.problems
-    reconnects = max(0, sum(1 for line in relay.log if _UPSTREAM_CONNECTED.search(line)) - 1)
+                measured = None
+                if await relay.wait_for_workers(START_TIMEOUT):
+                    host, port = relay.listener_address()
+                    measured = await drive(replay, [relay, sink.running], host, port, context, args)
+                else:
+                    replay.problems.append(f"not every worker served within {START_TIMEOUT:g}s")
+            direct_measured = None
+            if args.direct and measured is not None:
+                direct_measured = await drive(direct, [sink.running], b_host, b_port, context, args)
+    _relay_results(result, args, replay, measured, relay, sink, direct, direct_measured)
+    return result
+
+
+def _relay_results(
+    result: Result,
+    args: argparse.Namespace,
+    replay: Replay,
+    measured: Measured | None,
+    relay: SupervisedGateway,
+    sink: Sink,
+    direct: Replay,
+    direct_measured: Measured | None,
+) -> None:
+    """The relay run's figures and self-checks (the direct run's too, when there was one)."""
+    problems = replay.problems + direct.problems
+    connected = sum(1 for line in relay.log if _UPSTREAM_CONNECTED.search(line))
+    reconnects = max(0, connected - args.workers)
     if measured is not None:
         check_replay(replay)
-        check_consumed(
-            problems, sink.stats, replay.acked_events, args.size, duplicates_ok=reconnects > 0
-        )
+        acked = replay.acked_events
+        if args.direct:
+            check_replay(direct)
+            acked += direct.acked_events
+        check_consumed(problems, sink.stats, acked, args.size, duplicates_ok=reconnects > 0)
         report(result, replay, measured, [("relay", relay), ("sink", sink.running)], args)
+        _report_workers(result, relay, replay, measured.elapsed)
         if sink.stats is not None:
             result.add("consumed at the sink (whole run)", sink.stats["consumed"], "events")
-            result.add(
-                "duplicates at the sink", sink.stats["consumed"] - replay.acked_events, "events"
-            )
+            result.add("duplicates at the sink", sink.stats["consumed"] - acked, "events")
             result.details["consumer"] = sink.stats
         result.add("relay upstream reconnects", reconnects)
+    if direct_measured is not None:
+        _report_direct(result, replay, measured, direct, direct_measured)
+    elif args.direct and measured is not None:
+        problems.append("the direct run (replay client straight to the sink) did not complete")
     check_gateway(problems, result, "relay", relay)
     check_gateway(problems, result, "sink", sink.running)
     result.problems += problems
-    return result
+
+
+def _report_workers(
+    result: Result, relay: SupervisedGateway, replay: Replay, elapsed: float
+) -> None:
+    """Each process of gateway A: its load in the window, and the work spread over workers."""
+    per_process = relay.window_per_process()
+    result.details["relay_cpu_per_process_s"] = {str(pid): s for pid, s in per_process}
+    if relay.workers == 1 or not per_process:
+        return
+    (_, supervisor), *workers = per_process
+    result.add("relay supervisor cpu load", 100 * supervisor / elapsed, "% of a core")
+    for i, (_, seconds) in enumerate(sorted(workers, key=lambda w: -w[1])):
+        result.add(
+            f"relay worker {i + 1} (busiest first) cpu load", 100 * seconds / elapsed, "% of a core"
+        )
+    total = sum(seconds for _, seconds in workers)
+    if replay.window_events and total > 0:
+        per_worker = 1e6 * total / replay.window_events
+        result.add("relay workers' cpu per event (supervisor excluded)", per_worker, "us")
+
+
+def _report_direct(
+    result: Result, replay: Replay, measured: Measured | None, direct: Replay, d: Measured
+) -> None:
+    """The replay client straight to the sink, right after the relay: the relay's reference."""
+    rate = direct.window_events / d.elapsed
+    result.add("direct to the sink: acked events", rate, "events/s")
+    cpu = d.gateway_cpu[0]
+    if cpu is not None and direct.window_events:
+        result.add(
+            "direct to the sink: sink cpu per event", 1e6 * sum(cpu) / direct.window_events, "us"
+        )
+    if measured is not None and rate > 0:
+        result.add("relay / direct", replay.window_events / measured.elapsed / rate)
 
 
 # -- options --------------------------------------------------------------------------------------
@@ -984,6 +1154,19 @@ def _relay_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="run the relay gateway under cProfile, stats to PATH, and the sink gateway too, "
         "stats to PATH with the suffix .sink.prof (do not quote the figures of such a run)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int_at_least(1),
+        default=1,
+        help="run gateway A as `gateway run --workers N`: N > 1 is a supervisor and N worker "
+        "processes, its CPU their sum (default: %(default)s, one plain gateway process)",
+    )
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="then replay the same load straight to the sink for as long, and report the "
+        "relay's rate as a share of that (relay / direct)",
     )
     _common_arguments(parser)
 

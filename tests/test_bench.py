@@ -53,6 +53,11 @@ def test_bench_lists_its_benchmarks() -> None:
         ("ndjson-calls", "calls replied", ()),
         ("ndjson-calls", "calls replied", ("--concurrency", "1")),
         ("lumberjack", "acked events", ()),
+        (
+            "lumberjack-relay",
+            "relay / direct",
+            ("--workers", "2", "--connections", "4", "--direct"),
+        ),
         ("segment-append", "acked / raw", ("--read", "warm")),
         ("segment-append", "acked / raw", ("--client", "replay", "--writers", "2", "--shared")),
         ("ttrpc-echo", "py calls", ("--pairs", "py")),
