@@ -357,16 +357,21 @@ def test_a_relay_config_is_accepted_and_auto_is_the_usable_cores() -> None:
             },
             "gw.toml: upstreams[0].subscribe: every worker would subscribe",
         ),
-        ({"metrics": {"bind": "127.0.0.1:0"}}, "gw.toml: metrics.bind: the [metrics] endpoint"),
-        ({"admin": {"bind": "127.0.0.1:0"}}, "gw.toml: admin.bind: the [admin] endpoint"),
     ],
 )
 def test_state_that_workers_would_split_is_refused(extra: dict[str, object], expected: str) -> None:
     with pytest.raises(ConfigError) as refused:
         parse(_relay(**extra), source="gw.toml")
     assert any(e.startswith(expected) for e in refused.value.errors), refused.value.errors
-    if "metrics" not in extra and "admin" not in extra:
-        assert "cross-worker state comes later" in str(refused.value)
+    assert "cross-worker state comes later" in str(refused.value)
+
+
+def test_metrics_and_admin_are_accepted_with_workers() -> None:
+    """The supervisor serves them for the whole gateway (tests/test_workers_ops.py)."""
+    both = {"metrics": {"bind": "127.0.0.1:0"}, "admin": {"bind": "127.0.0.1:0"}}
+    config = parse(_relay(**both), source="gw.toml")
+    assert config.gateway.workers == 2
+    assert config.metrics_bind == config.admin_bind == "127.0.0.1:0"
 
 
 def test_bad_worker_counts_name_the_key() -> None:

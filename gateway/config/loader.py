@@ -436,7 +436,8 @@ def workers_problems(
     no ``[[destinations]]``, every route target an ``upstream:NAME``, a route
     ``from = "*"`` so that no name is left an in-memory topic, no protocol
     that keeps segments, no upstream that ``subscribe``s (each worker would
-    publish what it receives), no ``[metrics]`` or ``[admin]`` endpoint.
+    publish what it receives). ``[metrics]`` and ``[admin]`` are served by the
+    supervisor for the whole gateway.
     Errors name the key as :func:`parse` does (the config's entries are in
     file order once it parsed without errors).
     """
@@ -459,12 +460,6 @@ def workers_problems(
             f" no route matches is an in-memory topic: {why}"
         )
     out += _peer_problems(config, registry, where, why)
-    for key, bind in (("metrics", config.metrics_bind), ("admin", config.admin_bind)):
-        if bind is not None:
-            out.append(
-                f"{where}: {key}.bind: the [{key}] endpoint is not served with workers > 1 yet"
-                f" (it would show one worker of {workers}); remove [{key}] or run one worker"
-            )
     return out
 
 

@@ -42,7 +42,7 @@ from typing import Literal
 import orjson
 import trio
 
-from gateway.ops.http_server import Response, Write, refusal, serve_http
+from gateway.ops.http_server import Handler, Response, Write, refusal, serve_http
 from gateway.ops.metrics import Metrics
 from gateway.ops.reload import Reloadable, ReloadRefused, reload_file
 from gateway.ops.status import StatusTracker, readiness, status
@@ -50,7 +50,7 @@ from gateway.ops.tap import Tappable, tap_filter
 from gateway.ops.tap import stream as stream_tap
 from gateway.ops.view import GatewayView
 
-__all__ = ["Admin", "Response", "route", "serve_admin"]
+__all__ = ["Admin", "Response", "page", "route", "secured", "serve_admin", "serve_admin_with"]
 
 log = logging.getLogger("gateway.admin")
 
@@ -119,8 +119,12 @@ def _static(name: str, policy: bytes = _POLICY) -> Response:
 
 
 def _secured(admin: Admin, tracker: StatusTracker | None, method: str, target: str) -> Response:
-    """:func:`route`'s response, with the default content security policy unless it has one."""
-    response = route(admin, tracker, method, target)
+    """:func:`route`'s response, with the default content security policy."""
+    return secured(route(admin, tracker, method, target))
+
+
+def secured(response: Response) -> Response:
+    """``response`` with the default content security policy unless it has one."""
     if all(name != _CSP for name, _ in response.headers):
         response.headers.append((_CSP, _POLICY))
     return response
@@ -135,8 +139,6 @@ def route(admin: Admin, tracker: StatusTracker | None, method: str, target: str)
         return _reload(admin.reloader)
     if method not in ("GET", "HEAD"):
         return Response(405, b"method not allowed\n", headers=[(b"allow", b"GET, HEAD")])
-    if path == "/healthz":
-        return Response(200, b"ok\n", headers=[(b"cache-control", b"no-store")])
     if path == "/readyz":
         reasons = readiness(admin.view.snapshot())
         return _json(503 if reasons else 200, {"ready": not reasons, "reasons": reasons})
@@ -144,6 +146,14 @@ def route(admin: Admin, tracker: StatusTracker | None, method: str, target: str)
         return _json(200, status(admin.view.snapshot(), tracker))
     if path == "/api/tap":
         return _tap(admin.taps, urllib.parse.parse_qs(query))
+    return page(path)
+
+
+def page(path: str) -> Response:
+    """What every admin endpoint serves alike (a gateway's, a supervisor's): ``/healthz``,
+    the status page and its files; else 404."""
+    if path == "/healthz":
+        return Response(200, b"ok\n", headers=[(b"cache-control", b"no-store")])
     if path in ("/", "/index.html"):
         return _static("status.html")
     if path == "/live":
@@ -208,9 +218,29 @@ async def serve_admin(
     """
     tracker = tracker or StatusTracker(admin.view)
     tracker.sample()  # a baseline: the first status has rates since the start
+    await serve_admin_with(
+        functools.partial(_secured, admin, tracker),
+        listeners,
+        metrics=metrics,
+        max_connections=max_connections,
+        idle_timeout=idle_timeout,
+    )
+
+
+async def serve_admin_with(
+    handler: Handler,
+    listeners: list[trio.SocketListener],
+    *,
+    metrics: Metrics,
+    max_connections: int = 16,
+    idle_timeout: float = 10.0,
+) -> None:
+    """Answer admin requests on ``listeners`` with ``handler`` (its responses should be
+    :func:`secured`): the endpoint's name, headers and refusal, another's routes
+    (the supervisor's of ``gateway run --workers N``)."""
     await serve_http(
         listeners,
-        functools.partial(_secured, admin, tracker),
+        handler,
         name=NAME,
         metrics=metrics,
         log=log,

@@ -3,7 +3,9 @@
 A thin trio driver over h11 (HTTP's sans-IO state machine): keep-alive, an
 idle timeout per request, h11's bound on request heads, a write timeout per
 response. An endpoint is a *handler*: ``handler(method, target) -> Response``,
-without I/O; a :class:`Response` may stream its body (a tap). A malformed
+without I/O, or a coroutine function when answering needs some (the
+supervisor of ``gateway run --workers N`` asks its workers); a
+:class:`Response` may stream its body (a tap). A malformed
 request gets 400 and the connection closes; a fault in one request closes
 that connection only.
 
@@ -57,8 +59,8 @@ class Response:
     stream: Callable[[Write], Awaitable[None]] | None = None
 
 
-#: What an endpoint answers each request with (no I/O; a streamed body runs later).
-Handler = Callable[[str, str], Response]
+#: What an endpoint answers each request with (a streamed body runs later).
+Handler = Callable[[str, str], Response | Awaitable[Response]]
 
 
 def refusal(body: bytes) -> bytes:
@@ -209,7 +211,8 @@ async def _serve_connection(
         if request is None:  # closed between requests
             return
         method = request.method.decode("ascii", "replace")
-        response = handler(method, request.target.decode("ascii", "replace"))
+        answer = handler(method, request.target.decode("ascii", "replace"))
+        response = answer if isinstance(answer, Response) else await answer
         head = method == "HEAD"
         if response.stream is not None and not head:
             await _send_stream(stream, conn, response, headers)

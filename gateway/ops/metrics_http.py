@@ -14,7 +14,7 @@ import logging
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway.ops.http_server import Response, refusal, serve_http
+from gateway.ops.http_server import Handler, Response, refusal, serve_http
 from gateway.ops.metrics import Metrics
 
 __all__ = ["route", "serve_metrics"]
@@ -42,8 +42,10 @@ async def serve_metrics(
     *,
     max_connections: int = 16,
     idle_timeout: float = 10.0,
+    handler: Handler | None = None,
 ) -> None:
-    """Answer scrapes on ``listeners`` until cancelled.
+    """Answer scrapes on ``listeners`` until cancelled (with ``handler``: its answers,
+    as the supervisor of ``gateway run --workers N`` gives every worker's series).
 
     At most ``max_connections`` connections are served at once; each must send
     every request (the first one too) within ``idle_timeout`` seconds of the
@@ -51,7 +53,7 @@ async def serve_metrics(
     """
     await serve_http(
         listeners,
-        functools.partial(route, metrics),
+        handler or functools.partial(route, metrics),
         name=NAME,
         metrics=metrics,
         log=log,

@@ -4,6 +4,10 @@ Both are plain HTTP (:mod:`gateway.ops.http_server`). What they show they
 reach through narrow interfaces, never the runtime's objects: the metrics
 registry, and for the admin API an :class:`~gateway.ops.admin.Admin` (a
 view to take snapshots of, a reload to ask for, taps to open).
+
+In a worker of ``gateway run --workers N`` neither is bound: each answers
+the supervisor on its control channel (:mod:`gateway.ops.control`), and the
+supervisor serves both for the whole gateway.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ from typing import cast
 import trio
 
 from gateway.ops.admin import Admin, serve_admin
+from gateway.ops.control import admin_answers, metrics_answers, serve_channel
 from gateway.ops.metrics import Metrics
 from gateway.ops.metrics_http import serve_metrics
 from gateway.runtime.registry import Registry
+from gateway.runtime.worker import take_channel
 
 __all__ = ["serve_admin_endpoint", "serve_metrics_endpoint"]
 
@@ -53,7 +59,13 @@ async def serve_admin_endpoint(
     idle_timeout: float,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Bind ``[admin] bind`` and serve the admin API; started with the bound addresses."""
+    """Bind ``[admin] bind`` and serve the admin API; started with the bound addresses
+    (none in a worker, which answers its supervisor instead)."""
+    channel = take_channel("admin")
+    if channel is not None:
+        task_status.started([])
+        await serve_channel(channel, admin_answers(admin))
+        return
     listeners, addresses = await listen_plain(registry, bind, "admin")
     log.info("admin: status page and /api/status on %s", " ".join(addresses))
     task_status.started(addresses)
@@ -75,7 +87,13 @@ async def serve_metrics_endpoint(
     idle_timeout: float,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Bind ``[metrics] bind`` and serve ``GET /metrics``; started with the bound addresses."""
+    """Bind ``[metrics] bind`` and serve ``GET /metrics``; started with the bound addresses
+    (none in a worker, which answers its supervisor instead)."""
+    channel = take_channel("metrics")
+    if channel is not None:
+        task_status.started([])
+        await serve_channel(channel, metrics_answers(metrics))
+        return
     listeners, addresses = await listen_plain(registry, bind, "metrics")
     log.info("metrics: GET /metrics on %s", " ".join(addresses))
     task_status.started(addresses)

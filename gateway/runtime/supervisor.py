@@ -18,6 +18,11 @@ worker gets exactly one forwarded signal.
   them at once.
 - SIGHUP: forwarded to every worker; each reloads the config file as a
   single gateway does.
+- ``[admin]`` and ``[metrics]``: bound and served by the supervisor, for the
+  whole gateway (:mod:`gateway.ops.fleet`). Each worker gets a control
+  channel per endpoint (a socket pair, one end passed down) and answers
+  what the supervisor asks on it (:mod:`gateway.ops.control`): its
+  snapshot, its reload, its metrics.
 
 :meth:`Supervisor.run` returns the exit status: 0 when every worker exited
 0, 3 when some only abandoned unsettled publishes, 1 otherwise.
@@ -35,6 +40,10 @@ from dataclasses import dataclass, field
 import trio
 
 from gateway.config.loader import Config
+from gateway.ops import control
+from gateway.ops.fleet import WorkerAnswer, serve_fleet
+from gateway.ops.metrics import Metrics
+from gateway.runtime.endpoints import listen_plain
 from gateway.runtime.registry import Registry, default_registry
 from gateway.runtime.worker import WorkerSpec
 
@@ -115,6 +124,33 @@ class _Worker:
     restarts: int = 0
     #: Its exit status once it stopped during the supervisor's stop.
     final: int | None = None
+    #: The supervisor's ends of its control channels, by endpoint, while it runs.
+    channels: dict[str, trio.SocketStream] = field(default_factory=dict)
+    #: One request at a time on each channel.
+    locks: dict[str, trio.Lock] = field(default_factory=dict)
+
+    async def ask(self, endpoint: str, request: str, timeout: float) -> WorkerAnswer:
+        """Its answer to ``request`` on its ``endpoint`` channel (None: not running or
+        not answering in time; a channel that failed is closed, its framing being lost)."""
+        pid = self.process.pid if self.process is not None else None
+        channel = self.channels.get(endpoint)
+        if channel is None:
+            return WorkerAnswer(self.index, pid, None)
+        lock = self.locks.setdefault(endpoint, trio.Lock())
+        asked = False
+        with trio.move_on_after(timeout) as waited:
+            async with lock:
+                asked = True
+                try:
+                    return WorkerAnswer(self.index, pid, await control.ask(channel, request))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+        if waited.cancelled_caught:
+            log.warning("worker %d did not answer %r within %gs", self.index, request, timeout)
+        if asked and self.channels.get(endpoint) is channel:
+            del self.channels[endpoint]
+            await trio.aclose_forcefully(channel)
+        return WorkerAnswer(self.index, pid, None)
 
 
 @dataclass
@@ -131,6 +167,11 @@ class Supervisor:
         self.stopping = False
         self.sockets: dict[str, list[socket.socket]] = {}
         self._stopped = trio.Event()
+        #: The endpoints the supervisor serves for the whole gateway.
+        binds = {"admin": self.config.admin_bind, "metrics": self.config.metrics_bind}
+        self.endpoints = [name for name, bind in binds.items() if bind is not None]
+        #: Their bound addresses once running, by endpoint.
+        self.addresses: dict[str, list[str]] = {}
 
     @property
     def pids(self) -> list[int]:
@@ -143,9 +184,11 @@ class Supervisor:
         """Bind, start the workers, supervise until stopped; return the exit status."""
         self.sockets = await bind_listeners(self.config, self.registry)
         try:
+            endpoints = await self._bind_endpoints()
             self._log_serving()
             async with trio.open_nursery() as outer:
                 outer.start_soon(self._kill_late)
+                outer.start_soon(self._serve_endpoints, endpoints)
                 async with trio.open_nursery() as nursery:
                     for slot in self.slots:
                         nursery.start_soon(self._keep_running, slot)
@@ -192,12 +235,57 @@ class Supervisor:
                     log.info("%s received: draining %d workers", name, self.workers)
                     self.stop()
 
-    def _spec(self, slot: _Worker) -> WorkerSpec:
+    async def ask(self, endpoint: str, request: str, timeout: float) -> list[WorkerAnswer]:
+        """Every worker's answer to ``request`` on its ``endpoint`` channel, asked at once
+        (:class:`gateway.ops.fleet.Workers`)."""
+        answers: list[WorkerAnswer] = []
+
+        async def one(slot: _Worker) -> None:
+            answers.append(await slot.ask(endpoint, request, timeout))
+
+        async with trio.open_nursery() as nursery:
+            for slot in self.slots:
+                nursery.start_soon(one, slot)
+        return sorted(answers, key=lambda a: a.index)
+
+    async def _bind_endpoints(self) -> dict[str, list[trio.SocketListener]]:
+        """Bind ``[admin]`` and ``[metrics]`` (as a single gateway would), by endpoint."""
+        bound = {}
+        binds = {"admin": self.config.admin_bind, "metrics": self.config.metrics_bind}
+        try:
+            for name in self.endpoints:
+                bind = binds[name]
+                assert bind is not None
+                bound[name], self.addresses[name] = await listen_plain(self.registry, bind, name)
+        except BaseException:
+            for listeners in bound.values():
+                for listener in listeners:
+                    listener.socket.close()
+            raise
+        return bound
+
+    async def _serve_endpoints(self, bound: dict[str, list[trio.SocketListener]]) -> None:
+        if "admin" in bound:
+            log.info("admin: status page and /api/status on %s", " ".join(self.addresses["admin"]))
+        if "metrics" in bound:
+            log.info("metrics: GET /metrics on %s", " ".join(self.addresses["metrics"]))
+        if bound:
+            config = self.config
+            await serve_fleet(
+                self,
+                bound.get("admin"),
+                bound.get("metrics"),
+                Metrics(),
+                max_connections=(config.admin_max_connections, config.metrics_max_connections),
+                idle_timeout=(config.admin_idle_timeout, config.metrics_idle_timeout),
+            )
+
+    def _spec(self, slot: _Worker, channels: dict[str, int]) -> WorkerSpec:
         listeners = {
             ls.name: (ls.bind, [s.fileno() for s in self.sockets[ls.name]])
             for ls in self.config.listeners
         }
-        return WorkerSpec(slot.index, listeners, os.getpid())
+        return WorkerSpec(slot.index, listeners, os.getpid(), channels)
 
     def _fds(self) -> list[int]:
         return [s.fileno() for sockets in self.sockets.values() for s in sockets]
@@ -206,11 +294,32 @@ class Supervisor:
         """Run the worker of ``slot``, again each time it dies, until the supervisor stops."""
         while not self.stopping:
             started = trio.current_time()
-            slot.process = await trio.lowlevel.open_process(
-                self.command(self._spec(slot)), pass_fds=self._fds(), start_new_session=True
-            )
+            pairs = {name: socket.socketpair() for name in self.endpoints}
+            theirs = {name: pair[1].fileno() for name, pair in pairs.items()}
+            try:
+                slot.process = await trio.lowlevel.open_process(
+                    self.command(self._spec(slot, theirs)),
+                    pass_fds=[*self._fds(), *theirs.values()],
+                    start_new_session=True,
+                )
+            except BaseException:
+                for ours, _ in pairs.values():
+                    ours.close()
+                raise
+            finally:
+                for _, child in pairs.values():
+                    child.close()
+            slot.channels = {
+                name: trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+                for name, (ours, _) in pairs.items()
+            }
             log.info("worker %d started (pid %d)", slot.index, slot.process.pid)
-            status = await slot.process.wait()
+            try:
+                status = await slot.process.wait()
+            finally:
+                channels, slot.channels = slot.channels, {}
+                for channel in channels.values():
+                    await trio.aclose_forcefully(channel)
             if self.stopping:
                 slot.final = status
                 log.info(

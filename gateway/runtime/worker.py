@@ -8,6 +8,11 @@ the worker's number and, by listener name, the bind and the descriptors.
 Before its gateway starts, the worker hands those sockets to its listeners
 (:func:`adopt`), so that every worker accepts from the same kernel queues.
 
+With ``[admin]`` or ``[metrics]`` configured, the spec also names a control
+channel for each (:mod:`gateway.ops.control`): the worker binds neither
+endpoint but answers its supervisor, which serves them for the whole gateway
+(:func:`take_channel`).
+
 A worker stops when its supervisor is gone (:func:`watch_parent`): the
 supervisor's signals reach workers by forwarding only, so an orphan would
 otherwise serve on forever.
@@ -25,7 +30,7 @@ import trio
 
 from gateway.runtime.listener import adopt_sockets
 
-__all__ = ["WorkerSpec", "adopt", "watch_parent"]
+__all__ = ["WorkerSpec", "adopt", "take_channel", "watch_parent"]
 
 #: How often a worker checks that its supervisor still runs.
 PARENT_CHECK_INTERVAL = 1.0
@@ -41,11 +46,20 @@ class WorkerSpec:
     listeners: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
     #: The supervisor's pid: the worker stops when its parent is no longer it.
     parent: int = 0
+    #: Endpoint (``admin``, ``metrics``) → the inherited descriptor of its control channel.
+    channels: dict[str, int] = field(default_factory=dict)
 
     def encode(self) -> str:
         """One command-line argument (JSON)."""
         listeners = {name: {"bind": b, "fds": fds} for name, (b, fds) in self.listeners.items()}
-        return json.dumps({"index": self.index, "parent": self.parent, "listeners": listeners})
+        return json.dumps(
+            {
+                "index": self.index,
+                "parent": self.parent,
+                "listeners": listeners,
+                "channels": self.channels,
+            }
+        )
 
     @classmethod
     def decode(cls, text: str) -> WorkerSpec:
@@ -56,15 +70,33 @@ class WorkerSpec:
                 str(name): (str(entry["bind"]), [int(fd) for fd in entry["fds"]])
                 for name, entry in data["listeners"].items()
             }
-            return cls(int(data["index"]), listeners, int(data.get("parent", 0)))
+            channels = {str(k): int(fd) for k, fd in data.get("channels", {}).items()}
+            return cls(int(data["index"]), listeners, int(data.get("parent", 0)), channels)
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
             raise ValueError(f"not a worker spec: {e}") from None
 
 
+#: This process's control channels, once :func:`adopt` took them (a worker only).
+_CHANNELS: dict[str, socket.socket] = {}
+
+
 def adopt(spec: WorkerSpec) -> None:
-    """Make the listeners of ``spec`` serve its inherited sockets instead of binding."""
+    """Make the listeners of ``spec`` serve its inherited sockets instead of binding,
+    and keep its control channels for the endpoints (:func:`take_channel`)."""
     for name, (bind, fds) in spec.listeners.items():
         adopt_sockets(name, bind, [socket.socket(fileno=fd) for fd in fds])
+    for endpoint, fd in spec.channels.items():
+        _CHANNELS[endpoint] = socket.socket(fileno=fd)
+
+
+def take_channel(endpoint: str) -> trio.SocketStream | None:
+    """The control channel through which this worker's ``endpoint`` (``admin``,
+    ``metrics``) answers the supervisor; None outside a worker (serve it yourself).
+
+    Taken once: the endpoints start once (changing them needs a restart).
+    """
+    sock = _CHANNELS.pop(endpoint, None)
+    return None if sock is None else trio.SocketStream(trio.socket.from_stdlib_socket(sock))
 
 
 async def watch_parent(parent: int, stop: Callable[[], None]) -> None:
