@@ -314,6 +314,11 @@ async def test_status_and_metrics_sum_the_workers_exactly(tmp_path: Path) -> Non
             assert received == {str(w["index"]): w["messages_in"] for w in workers}
             frame = render(await trio.to_thread.run_sync(fetch, f"http://{admin}"))
             Console(file=None, width=120).print(frame)  # gateway top renders the whole
+            reload = await trio.to_thread.run_sync(_get, admin, "/api/reload", "POST")
+            answer = reload.json()
+            assert answer["reloaded"], answer
+            assert [w["index"] for w in answer["workers"] if w["reloaded"]] == [0, 1]
+            assert (await _http(admin, "/api/tap?dest=d")).status == 501
             for client in clients:
                 await client.aclose()
 
