@@ -226,7 +226,7 @@ def routed(data: dict[str, Any], destination: str) -> set[str]:
         t
         for r in data.get("routes", [])
         if fnmatch.fnmatchcase(destination, r["from"])
-        for t in r["to"]
+        for t in ([r["to"]] if isinstance(r["to"], str) else r["to"])  # one target or a list
     }
     return targets or {destination}
 
