@@ -157,3 +157,39 @@ def test_render_shows_upstream_errors_rates_and_hints() -> None:
     assert "2.0 KiB" in out
     assert "memory: the budget is exhausted" in out
     assert "upstream:up" in out
+
+
+def test_render_shows_each_worker_of_a_supervisor() -> None:
+    """``gateway run --workers N``: the supervisor's status has a ``workers`` breakdown."""
+    status = {
+        "version": "0.1.0",
+        "uptime_s": 5.0,
+        "draining": False,
+        "ready": False,
+        "inflight": 0,
+        "memory": {"limit": 1 << 20, "used": 0, "peak": 0, "exhausted": False},
+        "listeners": [],
+        "upstreams": [],
+        "destinations": [],
+        "workers": [
+            {
+                "index": 0,
+                "pid": 4242,
+                "running": True,
+                "connections": 7,
+                "messages_in": 1234,
+                "messages_out": 1200,
+                "inflight": 3,
+                "memory_used": 4096,
+            },
+            {"index": 1, "pid": None, "running": False},
+        ],
+    }
+    console = Console(file=io.StringIO(), width=160)
+    console.print(render(status))
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "workers" in out
+    assert "4242" in out
+    assert "1234" in out
+    assert "4.0 KiB" in out
+    assert "restarting" in out

@@ -92,6 +92,8 @@ def render(status: dict[str, Any]) -> RenderableType:
         _upstreams(status["upstreams"], rates.get("upstreams", {})),
         _destinations(status["destinations"], rates.get("destinations", {})),
     ]
+    if status.get("workers"):  # gateway run --workers N: the supervisor's breakdown
+        parts.append(_workers(status["workers"]))
     return Group(*parts)
 
 
@@ -175,6 +177,34 @@ def _upstreams(upstreams: list[dict[str, Any]], rates: _Rates) -> Table:
             Text(up["state"], style="green" if connected else "red"),
             _rate(r.get("messages_out")),
             f"for {_ago(up['connected_for_s'])}" if connected else (up["last_error"] or ""),
+        )
+    return table
+
+
+def _workers(workers: list[dict[str, Any]]) -> Table:
+    """Each worker: pid, whether it answered, its connections, counts and memory."""
+    table = _table(
+        "workers",
+        ("worker", "pid", "state"),
+        ("conns", "msgs in", "msgs out", "unsettled", "memory"),
+    )
+    for w in workers:
+        running = w["running"]
+        table.add_row(
+            str(w["index"]),
+            str(w["pid"] or ""),
+            Text("running" if running else "restarting", style="green" if running else "red"),
+            *(
+                (
+                    str(w["connections"]),
+                    str(w["messages_in"]),
+                    str(w["messages_out"]),
+                    str(w["inflight"]),
+                    _bytes(w["memory_used"]),
+                )
+                if running
+                else ("", "", "", "", "")
+            ),
         )
     return table
 
