@@ -23,6 +23,7 @@ from gateway.core.peerwire import (
     Answer,
     Batch,
     Failure,
+    Frame,
     Hello,
     Interest,
     PeerWire,
@@ -40,13 +41,13 @@ def test_frames_have_fixed_bytes() -> None:
     assert wire.encode(Batch(7, "t", (Message("t", b"hi"),))) == (
         b"\x00\x00\x00\x0a\x94\x02\x07\xa1t\x91\xc4\x02hi"
     )
-    assert wire.encode(Interest(("a",), ())) == b"\x00\x00\x00\x05\x93\x01\x91\xa1a\x90"
+    assert wire.encode(Interest(("a",), ())) == b"\x00\x00\x00\x06\x93\x01\x91\xa1a\x90"
     assert wire.encode(Answer(7)) == b"\x00\x00\x00\x04\x93\x03\x07\x90"
 
 
 def test_frames_fed_byte_by_byte_decode_to_what_was_sent() -> None:
     source = Source("ndjson", "nd", "127.0.0.1:5", received_at=1.5, upstream="")
-    frames = [
+    frames: list[Frame] = [
         Hello(1, 3),
         Interest(("a", "b"), ("c",)),
         Batch(
