@@ -73,12 +73,12 @@ async def test_a_subscriber_on_one_worker_gets_what_the_other_published(tmp_path
                         delivery = await subscriber.receive()
                         break
                     await publisher.wait_answers(ids)
-            assert delivery.body == b"m%d" % n  # type: ignore[union-attr]
+            assert delivery.body == b"m%d" % n
             answered = start(nursery, publisher.wait_answers, ids)
             with trio.move_on_after(EARLY):
                 await answered.finished.wait()
             assert not answered.done, "the publisher was answered before the subscriber acked"
-            await subscriber.ack(delivery.tag)  # type: ignore[union-attr]
+            await subscriber.ack(delivery.tag)
             with trio.fail_after(STARTUP):
                 (answer,) = await answered.wait()
             assert answer.status == "delivered"
