@@ -321,15 +321,15 @@ def test_a_relay_config_is_accepted_and_auto_is_the_usable_cores() -> None:
     [
         (
             {"destinations": [{"name": "jobs", "kind": "queue"}]},
-            "gw.toml: destinations[0]: destination 'jobs' is in-memory state",
+            "gw.toml: destinations[0]: destination 'jobs' is an in-memory queue",
         ),
         (
-            {"routes": [{"from": "*", "to": ["upstream:sink", "audit"]}]},
-            "gw.toml: routes[0].to: 'audit' is an in-memory destination",
+            {"destinations": [{"name": "audit", "retain": "1MiB"}]},
+            "gw.toml: destinations[0]: destination 'audit' is an in-memory log",
         ),
         (
-            {"routes": [{"from": "logs.*", "to": "upstream:sink"}]},
-            'gw.toml: routes: no route from = "*" sends every name to upstreams',
+            {"destinations": [{"name": "audit", "groups": ["billing"]}]},
+            "gw.toml: destinations[0]: destination 'audit' is a topic with named groups",
         ),
         (
             {
@@ -363,7 +363,17 @@ def test_state_that_workers_would_split_is_refused(extra: dict[str, object], exp
     with pytest.raises(ConfigError) as refused:
         parse(_relay(**extra), source="gw.toml")
     assert any(e.startswith(expected) for e in refused.value.errors), refused.value.errors
-    assert "cross-worker state comes later" in str(refused.value)
+    assert "queues, logs, durable destinations and named groups do not" in str(refused.value)
+
+
+def test_in_memory_topics_are_accepted_with_workers() -> None:
+    """They forward between workers (tests/test_workers_topics.py): a route to a
+    topic, a declared plain topic, and no ``from = "*"`` route at all."""
+    cfg = _relay(
+        routes=[{"from": "logs.*", "to": ["upstream:sink", "audit"]}],
+        destinations=[{"name": "audit", "kind": "topic", "buffer_messages": 10}],
+    )
+    assert parse(cfg, source="gw.toml").gateway.workers == 2
 
 
 def test_metrics_and_admin_are_accepted_with_workers() -> None:
@@ -394,7 +404,7 @@ def test_run_workers_refuses_what_the_config_cannot_split(tmp_path: Path) -> Non
         [*GATEWAY, "run", str(path), "--workers", "2"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 1
-    assert f"{path}: destinations[0]: destination 'jobs' is in-memory state" in done.stderr
+    assert f"{path}: destinations[0]: destination 'jobs' is an in-memory queue" in done.stderr
 
 
 # -- the transports' adopt -----------------------------------------------------------

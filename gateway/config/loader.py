@@ -421,8 +421,9 @@ def parse(
 #: Why a config that keeps state is refused with several workers.
 _ONE_WORKER = (
     "with workers = {n} each worker would keep its own, so what one worker takes another"
-    " never sees; only relays to upstreams work across workers for now"
-    " (cross-worker state comes later)"
+    ' never sees; only in-memory topics (kind "topic", no retain, no store, no named'
+    " groups) and relays to upstreams work across workers for now; queues, logs, durable"
+    " destinations and named groups do not (cross-worker state for them comes later)"
 )
 
 
@@ -431,13 +432,15 @@ def workers_problems(
 ) -> list[str]:
     """Why ``config`` cannot run as ``workers`` processes yet (empty: it can).
 
-    Workers share nothing but the listening sockets, so every message must
-    leave through an upstream's relay queue (each worker has its own pool):
-    no ``[[destinations]]``, every route target an ``upstream:NAME``, a route
-    ``from = "*"`` so that no name is left an in-memory topic, no protocol
-    that keeps segments, no upstream that ``subscribe``s (each worker would
-    publish what it receives). ``[metrics]`` and ``[admin]`` are served by the
-    supervisor for the whole gateway.
+    Workers share the listening sockets, and in-memory topics: a message
+    published in one worker is forwarded to the others that have subscribers
+    (:mod:`gateway.core.peers`). Anything else that keeps state is per worker,
+    so it is refused: ``[[destinations]]`` other than plain topics (queues,
+    ``retain`` logs, durable ``store`` logs, declared ``groups``), protocols
+    that keep segments, upstreams that ``subscribe`` (each worker would
+    publish what it receives). Relays to upstreams are per worker (each has
+    its own pool). ``[metrics]`` and ``[admin]`` are served by the supervisor
+    for the whole gateway.
     Errors name the key as :func:`parse` does (the config's entries are in
     file order once it parsed without errors).
     """
@@ -446,26 +449,24 @@ def workers_problems(
     why = _ONE_WORKER.format(n=workers)
     out: list[str] = []
     for i, d in enumerate(config.destinations):
-        what = "a durable log" if d.store else "in-memory state"
-        out.append(f"{where}: destinations[{i}]: destination {d.name!r} is {what}: {why}")
-    for i, route in enumerate(config.routes):
-        for target in route.to:
-            if not target.startswith(UPSTREAM_PREFIX):
-                out.append(
-                    f"{where}: routes[{i}].to: {target!r} is an in-memory destination: {why}"
-                )
-    if not any(_relays_everything(route) for route in config.routes):
-        out.append(
-            f'{where}: routes: no route from = "*" sends every name to upstreams, and a name'
-            f" no route matches is an in-memory topic: {why}"
-        )
+        what = _split_state(d)
+        if what is not None:
+            out.append(f"{where}: destinations[{i}]: destination {d.name!r} is {what}: {why}")
     out += _peer_problems(config, registry, where, why)
     return out
 
 
-def _relays_everything(route: Route) -> bool:
-    """``from = "*"`` to upstreams only: every name leaves through a relay queue."""
-    return set(route.pattern) == {"*"} and all(t.startswith(UPSTREAM_PREFIX) for t in route.to)
+def _split_state(d: DestinationSpec) -> str | None:
+    """What ``d`` keeps that workers would split, or None for a plain in-memory topic."""
+    if d.store:
+        return "a durable log"
+    if d.retain is not None:
+        return "an in-memory log"
+    if d.kind != "topic":
+        return f"an in-memory {d.kind}"
+    if d.groups:
+        return "a topic with named groups"
+    return None
 
 
 def _peer_problems(config: Config, registry: Registry, where: str, why: str) -> list[str]:

@@ -36,6 +36,7 @@ from gateway.core.destination import (
     Subscription,
 )
 from gateway.core.model import Message, Outcome
+from gateway.core.peers import Peers
 from gateway.core.reasons import Reason
 from gateway.core.receipts import Receipt
 from gateway.core.routing import UPSTREAM_PREFIX, Router
@@ -113,6 +114,9 @@ class Hub:
         self._timers_running = False
         #: Passive views of what is stored (``gateway tap``), never part of a receipt.
         self._taps: list[Tap] = []
+        #: The other workers' hubs, with ``--workers N``: in-memory topics forward
+        #: to them (:mod:`gateway.core.peers`); None in a single process.
+        self.peers: Peers | None = None
 
     # -- destinations -----------------------------------------------------------
     def destination(self, name: str) -> Destination:
@@ -139,7 +143,34 @@ class Hub:
             queue = name.startswith(UPSTREAM_PREFIX)
             d = Topic(name, self._topic_limits, kind="queue" if queue else "topic")
         self._destinations[name] = d
+        if self.peers is not None and type(d) is Topic and d.kind == "topic":
+            self.peers.watch(d)
         return d
+
+    def join(self, peers: Peers) -> None:
+        """Forward in-memory topics to (and take them from) other workers' hubs."""
+        self.peers = peers
+        peers.deliver = self._accept_forwarded
+        for d in self._destinations.values():
+            if type(d) is Topic and d.kind == "topic":
+                peers.watch(d)
+
+    async def _accept_forwarded(self, name: str, messages: list[Message]) -> Receipt:
+        """Put a batch another worker forwarded into the local topic ``name`` (waiting
+        for room) and return the receipt of this worker's fan-out. It is not routed
+        again, nor forwarded on: a message crosses one hop."""
+        receipt = Receipt(len(messages))
+        try:
+            await self.destination(name).put_many(messages, receipt, 0)
+        except LookupError as e:
+            code = e.code if isinstance(e, NoDestination) else Reason.UNAVAILABLE
+            receipt.add_legs(len(messages))
+            receipt.settle_range(0, len(messages), Outcome.REJECTED, str(e), reason_code=code)
+        except trio.ClosedResourceError as e:
+            receipt.expire(str(e), Reason.CLOSED)
+        finally:
+            receipt.seal()
+        return receipt
 
     def add_upstream(self, name: str) -> None:
         """``upstream:NAME`` may be created from now on (a reload added the upstream)."""
@@ -281,10 +312,20 @@ class Hub:
                 )
                 continue
             await dest.put_many(copies, receipt, base)
+            if self.peers is not None and not receipt.is_call:
+                await self._forward(dest, copies, receipt, base)
             if self._taps:
                 for tap in self._taps:
                     if tap.watches(target):
                         tap.offer(target, copies)
+
+    async def _forward(
+        self, dest: Destination, copies: list[Message], receipt: Receipt, base: int
+    ) -> None:
+        """Other workers' subscribers of an in-memory topic get their copies too (a
+        call's reply does not cross workers yet: calls stay local)."""
+        if self.peers is not None and type(dest) is Topic and dest.on_interest is not None:
+            await self.peers.forward(dest.name, copies, receipt, base)
 
     # -- call deadlines -------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

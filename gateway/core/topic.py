@@ -45,7 +45,7 @@ import bisect
 import itertools
 import operator
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from typing import TYPE_CHECKING, Literal
 
@@ -328,6 +328,9 @@ class Topic(Destination):
         self.acked = 0
         #: Groups with a filter (none: the batch fast path applies).
         self._filtering = 0
+        #: Told ``(name, True)`` when the first group comes and ``(name, False)`` when
+        #: the last goes (workers forward by it: :mod:`gateway.core.peers`); None: nobody.
+        self.on_interest: Callable[[str, bool], None] | None = None
         self._info = DestinationInfo(
             name, kind, element_size, queue_group=QUEUE_GROUP if kind == "queue" else None
         )
@@ -514,8 +517,16 @@ class Topic(Destination):
                     self.limits.budget.release(self._backlog.used_bytes)
                 self._backlog.used_bytes = self._backlog.used_count = 0
                 self._hand_over(list(pieces), [g])
+            first = not self._groups
             self._groups[name] = g
+            if first and self.on_interest is not None:
+                self.on_interest(self.name, True)
         return g
+
+    @property
+    def has_groups(self) -> bool:
+        """Some group (named, or a subscriber's own) takes copies now."""
+        return bool(self._groups)
 
     def _hand_over(self, pieces: list[_Slice], groups: list[_Group]) -> None:
         """Give each copy to the first of ``groups`` whose filter matches it, else to
@@ -618,6 +629,8 @@ class Topic(Destination):
         # the first remaining group or to the backlog, so it is never lost.
         del self._groups[g.name]  # type: ignore[arg-type]
         self._filtering -= g.filter is not None
+        if not self._groups and self.on_interest is not None:
+            self.on_interest(self.name, False)
         if g.budget is not None:
             # What it held is charged again below to whichever group takes it over.
             g.budget.release(g.used_bytes)

@@ -48,6 +48,7 @@ from gateway.config.loader import Config, load
 from gateway.core.budget import MemoryBudget
 from gateway.core.facade import HubFacade
 from gateway.core.hub import Hub
+from gateway.core.peers import Peers
 from gateway.core.routing import Router
 from gateway.core.topic import TopicLimits
 from gateway.ops.admin import Admin
@@ -69,9 +70,11 @@ from gateway.runtime.catalog import Catalog
 from gateway.runtime.drain import drain, retire
 from gateway.runtime.endpoints import serve_admin_endpoint, serve_metrics_endpoint
 from gateway.runtime.listener import serve_listener
+from gateway.runtime.peerlinks import serve_peers
 from gateway.runtime.registry import Registry, default_registry
 from gateway.runtime.state import ListenerState, Shared
 from gateway.runtime.upstreams import Upstreams
+from gateway.runtime.worker import take_peers
 
 if TYPE_CHECKING:
     from gateway.store import Store
@@ -225,6 +228,7 @@ class Gateway:
         try:
             async with trio.open_nursery() as background:
                 await background.start(self.hub.run)
+                await self._link_workers(background)
                 for name in self.catalog.names():
                     self.hub.destination(name)
                 for up in self.config.upstreams:
@@ -245,6 +249,16 @@ class Gateway:
                 self.drained_cleanly = False
                 self.abandoned = self.hub.inflight
             self.hub.close()
+
+    async def _link_workers(self, nursery: trio.Nursery) -> None:
+        """A worker of several: in-memory topics forward to the other workers."""
+        linked = take_peers()
+        if linked is None:
+            return
+        index, paths = linked
+        peers = Peers(index)
+        self.hub.join(peers)
+        await nursery.start(serve_peers, peers, paths)
 
     def _plugin_env(self, nursery: trio.Nursery) -> Callable[[str], PluginEnv]:
         """What each plugin's ``setup`` gets, by plugin name."""

@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -170,6 +172,8 @@ class Supervisor:
         #: The endpoints the supervisor serves for the whole gateway.
         binds = {"admin": self.config.admin_bind, "metrics": self.config.metrics_bind}
         self.endpoints = [name for name, bind in binds.items() if bind is not None]
+        #: Each worker's forwarding socket path while running (:mod:`~gateway.runtime.peerlinks`).
+        self.peer_paths: list[str] = []
         #: Their bound addresses once running, by endpoint.
         self.addresses: dict[str, list[str]] = {}
 
@@ -183,6 +187,10 @@ class Supervisor:
     ) -> int:
         """Bind, start the workers, supervise until stopped; return the exit status."""
         self.sockets = await bind_listeners(self.config, self.registry)
+        peer_dir = tempfile.mkdtemp(prefix="gateway-peers-") if self.workers > 1 else None
+        if peer_dir is not None:
+            # One unix socket per worker: in-memory topics forward between them.
+            self.peer_paths = [os.path.join(peer_dir, f"{i}.sock") for i in range(self.workers)]
         try:
             endpoints = await self._bind_endpoints()
             self._log_serving()
@@ -198,6 +206,8 @@ class Supervisor:
             for sockets in self.sockets.values():
                 for sock in sockets:
                     sock.close()
+            if peer_dir is not None:
+                shutil.rmtree(peer_dir, ignore_errors=True)
         return self._status()
 
     def stop(self) -> None:
@@ -285,7 +295,7 @@ class Supervisor:
             ls.name: (ls.bind, [s.fileno() for s in self.sockets[ls.name]])
             for ls in self.config.listeners
         }
-        return WorkerSpec(slot.index, listeners, os.getpid(), channels)
+        return WorkerSpec(slot.index, listeners, os.getpid(), channels, self.peer_paths)
 
     def _fds(self) -> list[int]:
         return [s.fileno() for sockets in self.sockets.values() for s in sockets]

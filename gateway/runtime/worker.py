@@ -8,6 +8,10 @@ the worker's number and, by listener name, the bind and the descriptors.
 Before its gateway starts, the worker hands those sockets to its listeners
 (:func:`adopt`), so that every worker accepts from the same kernel queues.
 
+The spec also names one unix socket path per worker: topics published in one
+worker reach subscribers in the others over links between them
+(:mod:`gateway.runtime.peerlinks`, :func:`take_peers`).
+
 With ``[admin]`` or ``[metrics]`` configured, the spec also names a control
 channel for each (:mod:`gateway.ops.control`): the worker binds neither
 endpoint but answers its supervisor, which serves them for the whole gateway
@@ -30,7 +34,7 @@ import trio
 
 from gateway.runtime.listener import adopt_sockets
 
-__all__ = ["WorkerSpec", "adopt", "take_channel", "watch_parent"]
+__all__ = ["WorkerSpec", "adopt", "take_channel", "take_peers", "watch_parent"]
 
 #: How often a worker checks that its supervisor still runs.
 PARENT_CHECK_INTERVAL = 1.0
@@ -48,6 +52,8 @@ class WorkerSpec:
     parent: int = 0
     #: Endpoint (``admin``, ``metrics``) → the inherited descriptor of its control channel.
     channels: dict[str, int] = field(default_factory=dict)
+    #: Each worker's unix socket path for forwarding topics, by index (empty: none).
+    peers: list[str] = field(default_factory=list)
 
     def encode(self) -> str:
         """One command-line argument (JSON)."""
@@ -58,6 +64,7 @@ class WorkerSpec:
                 "parent": self.parent,
                 "listeners": listeners,
                 "channels": self.channels,
+                "peers": self.peers,
             }
         )
 
@@ -71,13 +78,16 @@ class WorkerSpec:
                 for name, entry in data["listeners"].items()
             }
             channels = {str(k): int(fd) for k, fd in data.get("channels", {}).items()}
-            return cls(int(data["index"]), listeners, int(data.get("parent", 0)), channels)
+            peers = [str(path) for path in data.get("peers", [])]
+            return cls(int(data["index"]), listeners, int(data.get("parent", 0)), channels, peers)
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
             raise ValueError(f"not a worker spec: {e}") from None
 
 
 #: This process's control channels, once :func:`adopt` took them (a worker only).
 _CHANNELS: dict[str, socket.socket] = {}
+#: This worker's index and every worker's forwarding socket path, once adopted.
+_PEERS: list[tuple[int, list[str]]] = []
 
 
 def adopt(spec: WorkerSpec) -> None:
@@ -87,6 +97,14 @@ def adopt(spec: WorkerSpec) -> None:
         adopt_sockets(name, bind, [socket.socket(fileno=fd) for fd in fds])
     for endpoint, fd in spec.channels.items():
         _CHANNELS[endpoint] = socket.socket(fileno=fd)
+    if len(spec.peers) > 1:
+        _PEERS[:] = [(spec.index, list(spec.peers))]
+
+
+def take_peers() -> tuple[int, list[str]] | None:
+    """This worker's index and the paths where every worker takes forwarded topics
+    (:mod:`gateway.runtime.peerlinks`); None outside a worker of several. Taken once."""
+    return _PEERS.pop() if _PEERS else None
 
 
 def take_channel(endpoint: str) -> trio.SocketStream | None:

@@ -1,0 +1,322 @@
+"""In-memory topics across workers: forwarding by interest, one hop.
+
+With ``gateway run --workers N`` each worker has its own hub. A message
+published to an in-memory topic (kind ``"topic"``, no log) in one worker also
+reaches the subscribers connected to the others: the hub hands each run it
+put into a local topic to :meth:`Peers.forward`, which sends it once to every
+other worker that announced *interest* in that topic (it has at least one
+group there), as NATS routes do. A worker never forwards what it received
+from another, so a message crosses at most one hop.
+
+Receipts settle across the hop: each forwarded copy is one leg of the
+publisher's receipt per message, settled when the other worker answers the
+batch with its own local fan-out's outcome (its subscribers acked, or it had
+nobody left to deliver to). A link that breaks fails every leg it had not
+answered (the sender is not acked and resends). The bytes in flight on a link
+are bounded: a full link makes the publish wait, as a full buffer does.
+
+This module keeps the state and makes the frames (:mod:`gateway.core.peerwire`);
+moving the bytes is the runtime's (:mod:`gateway.runtime.peerlinks`). A
+single-worker gateway has no :class:`Peers` and pays nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import trio
+
+from gateway.core.model import Message, Outcome
+from gateway.core.peerwire import (
+    VERSION,
+    Answer,
+    Batch,
+    Failure,
+    Hello,
+    Interest,
+    PeerWire,
+    WireError,
+)
+from gateway.core.reasons import Reason
+from gateway.core.receipts import Receipt
+from gateway.core.topic import Topic
+
+__all__ = ["DEFAULT_LINK_BYTES", "Outgoing", "Peers"]
+
+#: Bytes of batches one link may have in flight (sent, not answered) by default.
+DEFAULT_LINK_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class _InFlight:
+    receipt: Receipt
+    base: int
+    count: int
+    nbytes: int
+
+
+class Outgoing:
+    """One link to another worker, from this side: what it wants and what it owes.
+
+    The driver feeds it the frames the other worker sends (:meth:`received`)
+    and writes out what :meth:`take` returns; :meth:`broken` ends it.
+    """
+
+    def __init__(self, me: int, peer: int, max_bytes: int) -> None:
+        self.peer = peer
+        self.max_bytes = max_bytes
+        #: Topics the other worker has subscribers for, as it announced them.
+        self.interest: set[str] = set()
+        self.inflight: dict[int, _InFlight] = {}
+        self.inflight_bytes = 0
+        self.wire = PeerWire()
+        self.closed = False
+        self._ids = itertools.count(1)
+        self._out: list[bytes] = [self.wire.encode(Hello(VERSION, me))]
+        self._has_output = trio.lowlevel.ParkingLot()
+        self._room = trio.lowlevel.ParkingLot()
+
+    async def send(
+        self, name: str, messages: Sequence[Message], receipt: Receipt, base: int
+    ) -> None:
+        """Send one batch once the link has room; its legs settle on the answer."""
+        batch = next(self._ids)
+        frame = self.wire.encode(Batch(batch, name, tuple(messages)))
+        while (
+            not self.closed
+            and self.inflight_bytes
+            and (self.inflight_bytes + len(frame) > self.max_bytes)
+        ):
+            await self._room.park()
+        receipt.add_legs(len(messages))
+        if self.closed:
+            receipt.settle_range(base, base + len(messages), *_lost(self.peer))
+            return
+        self.inflight[batch] = _InFlight(receipt, base, len(messages), len(frame))
+        self.inflight_bytes += len(frame)
+        self._out.append(frame)
+        self._has_output.unpark_all()
+
+    def received(self, data: bytes | bytearray) -> None:
+        """Take bytes from the other worker: interest changes and answers."""
+        for frame in self.wire.receive_data(data):
+            if isinstance(frame, Interest):
+                self.interest.difference_update(frame.removed)
+                self.interest.update(frame.added)
+            elif isinstance(frame, Answer):
+                self._answered(frame)
+            elif isinstance(frame, Hello):
+                _check(frame)
+            else:
+                raise WireError("a batch on the answering side of a link")
+
+    def _answered(self, answer: Answer) -> None:
+        sent = self.inflight.pop(answer.batch, None)
+        if sent is None:
+            return
+        self.inflight_bytes -= sent.nbytes
+        self._room.unpark_all()
+        _settle(sent, answer.failures)
+
+    async def take(self) -> list[bytes]:
+        """Wait for frames to write, and return them (raises once broken)."""
+        while not self._out:
+            if self.closed:
+                raise trio.ClosedResourceError("link closed")
+            await self._has_output.park()
+        out, self._out = self._out, []
+        return out
+
+    def broken(self) -> None:
+        """The link is gone: every unanswered batch fails; nothing more is sent."""
+        self.closed = True
+        self.interest.clear()
+        inflight, self.inflight = self.inflight, {}
+        self.inflight_bytes = 0
+        for sent in inflight.values():
+            sent.receipt.settle_range(sent.base, sent.base + sent.count, *_lost(self.peer))
+        self._room.unpark_all()
+        self._has_output.unpark_all()
+
+
+def _check(hello: Hello) -> None:
+    if hello.version != VERSION:
+        raise WireError(f"link version {hello.version}, not {VERSION}")
+
+
+def _lost(peer: int) -> tuple[Outcome, str]:
+    return Outcome.FAILED, f"the link to worker {peer} broke before it answered"
+
+
+def _settle(sent: _InFlight, failures: Sequence[Failure]) -> None:
+    """Settle the legs of a batch: its failures as answered, the rest delivered."""
+    receipt, base = sent.receipt, sent.base
+    at = 0
+    for f in sorted(failures, key=lambda f: f.index):
+        if not at <= f.index < sent.count:
+            continue
+        receipt.settle_range(base + at, base + f.index, Outcome.DELIVERED)
+        receipt.settle(base + f.index, f.outcome, f.reason, reason_code=f.reason_code)
+        at = f.index + 1
+    receipt.settle_range(base + at, base + sent.count, Outcome.DELIVERED)
+
+
+#: What a worker does with a batch another worker forwarded: put it into the
+#: local topic (waiting for room) and return the receipt of that local fan-out.
+Deliver = Callable[[str, list[Message]], Awaitable[Receipt]]
+
+
+class Incoming:
+    """One link from another worker, from this side: batches in, answers and
+    interest out."""
+
+    def __init__(self, peers: Peers) -> None:
+        self.peers = peers
+        self.wire = PeerWire()
+        self.closed = False
+        self.announced: set[str] = set()
+        self._out: list[bytes] = [self.wire.encode(Hello(VERSION, peers.index))]
+        self._has_output = trio.lowlevel.ParkingLot()
+
+    async def received(self, data: bytes | bytearray) -> None:
+        """Take bytes from the other worker: put each batch into the local topic (in
+        order, waiting for room there) and answer it once its fan-out settled."""
+        for frame in self.wire.receive_data(data):
+            if isinstance(frame, Batch):
+                receipt = await self.peers.deliver(frame.destination, list(frame.messages))
+                receipt.add_done_callback(functools.partial(self.answer, frame.batch))
+            elif isinstance(frame, Hello):
+                _check(frame)
+            else:
+                raise WireError(f"{type(frame).__name__} on the batch side of a link")
+
+    def answer(self, batch: int, receipt: Receipt) -> None:
+        """Queue the answer to ``batch`` once its local ``receipt`` settled."""
+        failures = tuple(
+            Failure(i, r.outcome, r.reason, r.reason_code or Reason.OTHER)
+            for i, r in enumerate(receipt.results())
+            if r.outcome is not Outcome.DELIVERED
+        )
+        self._push(self.wire.encode(Answer(batch, failures)))
+
+    def interest_changed(self) -> None:
+        self._has_output.unpark_all()
+
+    def _push(self, frame: bytes) -> None:
+        if not self.closed:
+            self._out.append(frame)
+            self._has_output.unpark_all()
+
+    async def take(self) -> list[bytes]:
+        """Wait for frames to write (answers, interest changes) and return them."""
+        while True:
+            if self.closed:
+                raise trio.ClosedResourceError("link closed")
+            wanted = self.peers.interest
+            added = tuple(sorted(wanted - self.announced))
+            removed = tuple(sorted(self.announced - wanted))
+            if added or removed:
+                self.announced = set(wanted)
+                self._out.append(self.wire.encode(Interest(added, removed)))
+            if self._out:
+                out, self._out = self._out, []
+                return out
+            await self._has_output.park()
+
+    def broken(self) -> None:
+        self.closed = True
+        self._has_output.unpark_all()
+
+
+class Peers:
+    """This worker's links to the others, and the topics it has subscribers for."""
+
+    def __init__(self, index: int, max_link_bytes: int = DEFAULT_LINK_BYTES) -> None:
+        #: This worker's index.
+        self.index = index
+        self.max_link_bytes = max_link_bytes
+        #: Local topics with at least one group: what the others are told.
+        self.interest: set[str] = set()
+        self.outgoing: dict[int, Outgoing] = {}
+        self.incoming: list[Incoming] = []
+        #: Puts a forwarded batch into the local topic (the hub sets it when joining).
+        self.deliver: Deliver = _no_hub
+        #: Batches and messages forwarded to other workers, for the figures.
+        self.batches_sent = 0
+        self.messages_sent = 0
+
+    # -- interest ------------------------------------------------------------------
+    def watch(self, topic: Topic) -> None:
+        """Follow ``topic``'s groups: announce it while it has any."""
+        topic.on_interest = self._interest
+        if topic.has_groups:
+            self._interest(topic.name, True)
+
+    def _interest(self, name: str, wanted: bool) -> None:
+        if wanted:
+            self.interest.add(name)
+        else:
+            self.interest.discard(name)
+        for link in self.incoming:
+            link.interest_changed()
+
+    # -- forwarding ------------------------------------------------------------------
+    async def forward(
+        self, name: str, messages: Sequence[Message], receipt: Receipt, base: int
+    ) -> None:
+        """Send ``messages`` (indexes ``base``… of the publish, all for topic ``name``)
+        once to each other worker that has interest; each copy is a leg of ``receipt``."""
+        for link in list(self.outgoing.values()):
+            if name not in link.interest:
+                continue
+            for lo, hi in _chunks(messages, link.max_bytes):
+                await link.send(name, messages[lo:hi], receipt, base + lo)
+                self.batches_sent += 1
+            self.messages_sent += len(messages)
+
+    def connected(self, peer: int) -> Outgoing:
+        """A new link to worker ``peer`` (one that replaces an older one ends it)."""
+        old = self.outgoing.pop(peer, None)
+        if old is not None:
+            old.broken()
+        link = self.outgoing[peer] = Outgoing(self.index, peer, self.max_link_bytes)
+        return link
+
+    def disconnected(self, link: Outgoing) -> None:
+        link.broken()
+        if self.outgoing.get(link.peer) is link:
+            del self.outgoing[link.peer]
+
+    def accepted(self) -> Incoming:
+        link = Incoming(self)
+        self.incoming.append(link)
+        return link
+
+    def dropped(self, link: Incoming) -> None:
+        link.broken()
+        if link in self.incoming:
+            self.incoming.remove(link)
+
+
+async def _no_hub(name: str, messages: list[Message]) -> Receipt:
+    raise RuntimeError("no hub joined these peers")
+
+
+def _chunks(messages: Sequence[Message], max_bytes: int) -> list[tuple[int, int]]:
+    """Split ``messages`` into runs of about half a link's bound, so that one big
+    window does not hold a link alone (a message larger goes on its own)."""
+    limit = max(1, max_bytes // 2)
+    out = []
+    lo = total = 0
+    for i, m in enumerate(messages):
+        size = m.size
+        if i > lo and total + size > limit:
+            out.append((lo, i))
+            lo, total = i, 0
+        total += size
+    if lo < len(messages):
+        out.append((lo, len(messages)))
+    return out
