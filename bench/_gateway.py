@@ -62,16 +62,7 @@ class RunningGateway:
 
     def max_rss_mib(self) -> float | None:
         """Peak resident memory of the gateway process (VmHWM), None in-process."""
-        if self.pid is None:
-            return None
-        try:
-            with open(f"/proc/{self.pid}/status", encoding="ascii") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) / 1024
-        except OSError:
-            pass
-        return None
+        return None if self.pid is None else peak_rss_mib(self.pid)
 
     def problems_logged(self) -> list[str]:
         """Log lines at WARNING or worse: a clean benchmark run has none."""
@@ -230,3 +221,15 @@ def to_toml(data: Mapping[str, Any]) -> str:
     """A gateway config dict as a TOML document (``tomli_w``: arrays of tables, tables
     nested in their items such as ``[[listeners.services]]`` or ``[listeners.tls]``)."""
     return tomli_w.dumps(data)
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    """Peak resident memory of process ``pid`` (VmHWM) in MiB; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None

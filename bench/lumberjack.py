@@ -80,7 +80,7 @@ from gateway.core.errors import RemoteProtocolError
 from protocols.lumberjack import NEED_DATA, ClientCodec, ConnectionClosed, Progress, encode_window
 
 from . import Result, add_warmup, int_at_least, register
-from ._gateway import START_TIMEOUT, RunningGateway, supervise, to_toml
+from ._gateway import START_TIMEOUT, RunningGateway, peak_rss_mib, supervise, to_toml
 from ._process import cpu_times
 from ._system import busy_seconds
 
@@ -894,7 +894,7 @@ class SupervisedGateway(RunningGateway):
 
     def max_rss_mib(self) -> float | None:
         """The peaks (VmHWM) of the supervisor and its workers, added up."""
-        peaks = [_peak_rss_mib(pid) for pid in self.tree()]
+        peaks = [peak_rss_mib(pid) for pid in self.tree()]
         known = [p for p in peaks if p is not None]
         return sum(known) if known else None
 
@@ -934,17 +934,6 @@ def _sum_times(times: Mapping[int, tuple[float, float]]) -> tuple[float, float] 
     if not times:
         return None
     return sum(t[0] for t in times.values()), sum(t[1] for t in times.values())
-
-
-def _peak_rss_mib(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
 
 
 async def _run_relay(args: argparse.Namespace) -> Result:
