@@ -193,3 +193,30 @@ async def test_a_full_link_makes_the_publisher_wait() -> None:
         await settle()
         assert first.outcome is Outcome.DELIVERED
         assert second.done
+
+
+async def test_the_forwarding_is_in_the_workers_metrics() -> None:
+    from gateway.ops.metrics import HubCollector
+
+    async with two_workers() as w:
+        w.b.subscribe("t")
+        await settle()
+        await w.a.publish([Message("t", b"x")] * 3)
+        await settle()
+        samples = {
+            s.name: s.value
+            for family in HubCollector(w.a).collect()
+            for s in family.samples
+            if s.name.startswith("interchange_worker_")
+        }
+    assert samples == {
+        "interchange_worker_forwarded_messages_total": 3,
+        "interchange_worker_forwarded_batches_total": 1,
+        "interchange_worker_links": 1,
+        "interchange_worker_interest": 0,
+    }
+    assert not any(
+        s.name.startswith("interchange_worker_")
+        for family in HubCollector(Hub()).collect()
+        for s in family.samples
+    )

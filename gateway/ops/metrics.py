@@ -51,6 +51,7 @@ from gateway.core.reasons import PUBLISH_REASONS
 
 if TYPE_CHECKING:
     from gateway.core.hub import Hub
+    from gateway.core.peers import Peers
     from gateway.store import Store
 
 __all__ = [
@@ -426,7 +427,8 @@ class HubCollector:
     is, its subscribers and their unacked deliveries. Group ``""`` is the
     destination's own store: a topic's copies left by departed anonymous
     groups, a log's retention. Per upstream, its queue's deliveries and acks;
-    and the hub's publishes by outcome and reason.
+    and the hub's publishes by outcome and reason. In a worker of ``gateway run
+    --workers N``, what it forwarded to the other workers.
     """
 
     def __init__(
@@ -467,6 +469,33 @@ class HubCollector:
             families.add(name, figures, self._bounded(_group_rows(figures)))
         yield from families.all()
         yield from self._upstream_queues(exported)
+        if self.hub.peers is not None:
+            yield from self._forwarding(self.hub.peers)
+
+    @staticmethod
+    def _forwarding(peers: Peers) -> Iterator[Metric]:
+        """A worker's topic forwarding (``gateway run --workers N``): what it sent to the
+        other workers, its links, the topics it has subscribers for."""
+        yield CounterMetricFamily(
+            "interchange_worker_forwarded_messages",
+            "Messages forwarded to other workers' subscribers (once per worker).",
+            value=peers.messages_sent,
+        )
+        yield CounterMetricFamily(
+            "interchange_worker_forwarded_batches",
+            "Batches forwarded to other workers.",
+            value=peers.batches_sent,
+        )
+        yield GaugeMetricFamily(
+            "interchange_worker_links",
+            "Links to other workers that are connected.",
+            value=len(peers.outgoing),
+        )
+        yield GaugeMetricFamily(
+            "interchange_worker_interest",
+            "In-memory topics this worker has subscribers on (announced to the others).",
+            value=len(peers.interest),
+        )
 
     def _publishes(self) -> Metric:
         """Settled publishes by outcome and the label of their reason code."""
