@@ -34,6 +34,7 @@ def test_bench_lists_its_benchmarks() -> None:
         "ttrpc-echo",
         "micromessage",
         "reactive",
+        "worker-hop",
     ):
         assert name in out
 
@@ -62,6 +63,7 @@ def test_bench_lists_its_benchmarks() -> None:
         ("segment-append", "acked / raw", ("--client", "replay", "--writers", "2", "--shared")),
         ("ttrpc-echo", "py calls", ("--pairs", "py")),
         ("ttrpc-echo", "go-proxy / go", ()),
+        ("worker-hop", "hop cost per message", ()),
     ],
 )
 def test_a_short_run_passes_its_self_checks(
