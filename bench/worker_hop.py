@@ -9,18 +9,22 @@ each with its own :class:`~gateway.core.hub.Hub` and
 (:func:`~gateway.runtime.peerlinks.serve_peers`) over real unix sockets.
 
 A publisher on worker 0 publishes batches of ``--batch`` messages of
-``--size`` bytes, keeping ``--window`` batches unsettled, in two modes:
+``--size`` bytes, keeping ``--window`` batches unsettled, in three modes:
 
+- ``alone``: to topic ``alone``, which nobody subscribes to (what publishing
+  costs by itself: the receipt settles at once, nothing is forwarded);
 - ``local``: to topic ``local``, whose acking subscriber is on worker 0 (no
   hop: worker 1 has no interest in it, so nothing is forwarded);
 - ``hop``: to topic ``hop``, whose acking subscriber is on worker 1 (every
   message is forwarded once, and its receipt settles on worker 1's answer).
 
-The modes alternate ABBA (local, hop, hop, local), each for a quarter of
-``--seconds``. Each phase reports messages/s and CPU per message of each
-process (``time.process_time`` in each, read at the phase's edges); the hop
-cost per message is the CPU per message of both workers in ``hop`` minus
-that in ``local``. Self-checks: every message reaches its subscriber exactly
+The modes run ABCCBA (alone, local, hop, hop, local, alone), each for a
+sixth of ``--seconds``. Each phase reports messages/s and CPU per message of
+each process (``time.process_time`` in each, read at the phase's edges); the
+hop cost per message is the CPU per message of both workers in ``hop`` minus
+that in ``local``. Against ``alone``, the sides split: worker 0's forwarding
+to one link is its ``hop`` minus ``alone``; a local subscriber's share is
+``local`` minus ``alone``. Self-checks: every message reaches its subscriber exactly
 once and every receipt settles delivered.
 """
 
@@ -47,8 +51,8 @@ from gateway.runtime.peerlinks import serve_peers
 from . import Result, add_warmup, int_at_least, register
 from ._system import busy_seconds
 
-MODES = ("local", "hop")
-ORDER = ("local", "hop", "hop", "local")
+MODES = ("alone", "local", "hop")
+ORDER = ("alone", "local", "hop", "hop", "local", "alone")
 _SEQ = 12  # digits of the sequence number at the start of each body
 
 
@@ -213,7 +217,7 @@ async def _worker0(
             while "hop" not in getattr(peers.outgoing.get(1), "interest", ()):  # noqa: ASYNC110
                 await trio.sleep(0.01)
         publisher = Publisher(hub, args, result)
-        for mode in ORDER[:2]:
+        for mode in MODES:
             await publisher.run_for(mode, args.warmup / 2)
         for mode in ORDER:
             phases.append(await _phase(publisher, child, mode, args.seconds / len(ORDER)))
@@ -266,7 +270,9 @@ def _report(result: Result, phases: list[Phase]) -> None:
             busy = sum(m for m in machine if m is not None) / seconds
             others = busy - sum(p.cpu0 + p.cpu1 for p in mine) / seconds
             result.add(f"{mode} other processes' load", max(0.0, others) * 100, "% core")
-    local, hop = per["local"], per["hop"]
+    local, hop, alone = per["local"], per["hop"], per["alone"]
+    result.add("local subscriber (local - alone)", local["w0"] - alone["w0"], "us/msg")
+    result.add("forwarding on worker 0 (hop - alone)", hop["w0"] - alone["w0"], "us/msg")
     result.add("hop cost worker 0", hop["w0"] - local["w0"], "us/msg")
     result.add("hop cost worker 1", hop["w1"] - local["w1"], "us/msg")
     result.add("hop cost per message", hop["w0"] + hop["w1"] - local["w0"] - local["w1"], "us/msg")
