@@ -57,8 +57,6 @@ class Inbound:
 
     spec: RemoteSubscription
     id: int
-    #: False once cancelled by us or ended by the peer.
-    live: bool = True
 
 
 class Incoming:
@@ -114,13 +112,12 @@ class Incoming:
     def _ended(self, sid: int, how: str) -> None:
         inbound = self.streams.pop(sid, None)
         if inbound is not None:
-            inbound.live = False
             self.session.log.info("subscription to %r %s", inbound.spec.publisher, how)
 
     async def _hand_off(self, event: Elements) -> None:
         """Publish one read of elements; request as many again once the receipt settled."""
         inbound = self.streams.get(event.subscriber)
-        if inbound is None or not inbound.live:
+        if inbound is None:
             return  # cancelled by us: dropped, as the module docstring says
         source = self.source()
         into = inbound.spec.destination
@@ -134,12 +131,11 @@ class Incoming:
 
     def _answer(self, receipt: Receipt, inbound: Inbound, count: int) -> bytes | None:
         """Request ``count`` more if the batch is safe; else cancel, saying why."""
-        if not inbound.live:
-            return None
+        if self.streams.get(inbound.id) is not inbound:
+            return None  # cancelled by us or ended by the peer meanwhile
         if receipt.outcome is Outcome.DELIVERED:
             return self._send(m.Request(inbound.id, count))
-        inbound.live = False
-        self.streams.pop(inbound.id, None)
+        del self.streams[inbound.id]
         self.metrics.cancelled.inc()
         self.session.log.warning(
             "elements from %r %s (%s): subscription cancelled",
