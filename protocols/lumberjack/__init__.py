@@ -11,7 +11,7 @@ a stream live beside it.
 from gateway.sdk import NEED_DATA, ConnectionClosed
 
 from .codec import ClientCodec, CodecState, Limits, ServerCodec
-from .events import Ack, Event, Progress, Window
+from .events import Ack, Event, Inflate, Progress, Window
 from .frames import encode_ack, encode_window
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "CodecState",
     "ConnectionClosed",
     "Event",
+    "Inflate",
     "Limits",
     "Progress",
     "ServerCodec",

@@ -71,7 +71,7 @@ from gateway.sdk import (
     RemoteProtocolError,
 )
 
-from .events import Ack, Progress, Window
+from .events import Ack, Inflate, Progress, Window
 from .frames import (
     FRAME_ACK,
     FRAME_COMPRESSED,
@@ -97,6 +97,8 @@ __all__ = [
     "EVENT_OVERHEAD",
     "INFLATER_STATE",
     "NEED_DATA",
+    "OFFLOAD_MAX_FRAME",
+    "OFFLOAD_STEP",
     "ClientCodec",
     "CodecState",
     "Limits",
@@ -111,6 +113,12 @@ _CLOSED: Final = CodecState.CLOSED
 #: Largest piece inflated per ``decompress`` call: the bounds, and the driver's
 #: room (:attr:`ServerCodec.room`), are checked before each piece.
 _INFLATE_STEP: Final = 256 * 1024
+#: Largest ``C`` frame (compressed bytes) handed out as an :class:`Inflate` event;
+#: larger ones are inflated inline as they arrive, never buffered whole.
+OFFLOAD_MAX_FRAME: Final = 1024 * 1024
+#: Most bytes an :class:`Inflate` event inflates (a Beats window of 2048 events of
+#: 1 KB fits); what the frame inflates to beyond it is inflated inline, in pieces.
+OFFLOAD_STEP: Final = 4 * 1024 * 1024
 
 # What the objects the codec builds cost beyond the frame bytes it counts, measured
 # with CPython 3.11's allocators (see docs/limits.md): an event of a window being
@@ -254,6 +262,12 @@ class ServerCodec(Lifecycle):
         #: or less, :meth:`next_event` returns NEED_DATA with the input kept; call it
         #: again once there is room (no new data is needed).
         self.room: Callable[[], int] | None = None
+        #: ``C`` frames of at least this many compressed bytes (and at most
+        #: :data:`OFFLOAD_MAX_FRAME`) are handed out whole as an :class:`Inflate` event
+        #: for the driver to inflate, in a thread, instead of inline (0: never).
+        self.offload_at = 0
+        #: The :class:`Inflate` event handed out and not taken back yet.
+        self._offload: Inflate | None = None
         #: Bytes needed from the buffer's ``pos`` before parsing can make progress
         #: (0: parse at the next call whatever arrived, to resume after a wait for room).
         self._need = 1
@@ -380,11 +394,15 @@ class ServerCodec(Lifecycle):
         held = self._buffer.allocated + self._window_bytes + self._overhead + self._ready_bytes
         if self._inflater is not None:
             held += INFLATER_STATE + len(self._tail) + len(self._carry)
+        offload = self._offload
+        if offload is not None:
+            held += len(offload.data) + len(offload.piece or b"")
         return held
 
     # -- input ----------------------------------------------------------------
-    def next_event(self) -> Window | ConnectionClosed | NeedData:
-        """The next whole window, :class:`ConnectionClosed`, or :data:`NEED_DATA`.
+    def next_event(self) -> Window | Inflate | ConnectionClosed | NeedData:
+        """The next whole window, :class:`ConnectionClosed`, or :data:`NEED_DATA`
+        (or, with :attr:`offload_at` set, an :class:`Inflate` to run before the next call).
 
         After the end of input, a partly received window is dropped (it must
         not be acked) and :class:`ConnectionClosed` is returned, every time.
@@ -393,6 +411,9 @@ class ServerCodec(Lifecycle):
         if len(ready) <= self._unchecked:  # (none is ready once CLOSED or ERROR)
             if self._state is not _OPEN:
                 return self._not_open()
+            offload = self._offload
+            if offload is not None and not offload.done:
+                raise LocalProtocolError("next_event before the Inflate event handed out ran")
             buf = self._buffer
             data = buf.data
             if len(data) - buf.pos >= self._need:
@@ -401,6 +422,9 @@ class ServerCodec(Lifecycle):
                 except RemoteProtocolError as e:
                     self._fail(e)
             if len(ready) <= self._unchecked:
+                offload = self._offload
+                if offload is not None and not offload.done:
+                    return offload
                 if not buf.eof:
                     return NEED_DATA
                 return self._closed()
@@ -500,6 +524,14 @@ class ServerCodec(Lifecycle):
             if typ == FRAME_JSON:  # seq = a, length = b
                 q = self._json_run(data, p, end, ver, a, b)
             elif typ == FRAME_COMPRESSED:  # length = a
+                if top and self.offload_at and self.offload_at <= a <= OFFLOAD_MAX_FRAME:
+                    q = self._hand_out(data, p, end, a)
+                    if q < 0:
+                        need = -q
+                        break
+                    if q == p:  # waits for room
+                        break
+                    return q
                 if top:  # inflated as it arrives
                     self._start_stream(a)
                     p = self._stream(data, p + 6, end)
@@ -671,6 +703,8 @@ class ServerCodec(Lifecycle):
         compressed bytes in ``data[p:end]``, piece by piece while :attr:`room`
         allows; return the offset after the bytes taken. Sets ``_need``: 1 when
         it needs more input, 0 when it waits for room (or a window is ready)."""
+        if self._offload is not None:
+            self._take_back()
         carry = self._carry
         if carry and len(carry) >= self._carry_need:  # a nested C frame waited for room
             self._parse_piece(b"")
@@ -698,6 +732,53 @@ class ServerCodec(Lifecycle):
         else:
             self._need = 1
         return p
+
+    def _hand_out(self, data: bytes | bytearray, p: int, end: int, size: int) -> int:
+        """The ``C`` frame at ``p``, once whole, as an :class:`Inflate` event to run.
+
+        Returns the offset after it, ``p`` while :attr:`room` says to wait, or minus
+        the bytes it needs. Its decompressor is the one a streamed frame uses, so
+        what the event does not inflate (beyond :data:`OFFLOAD_STEP`) is inflated
+        inline by :meth:`_stream`, within the same bounds.
+        """
+        self._check_compressed(size, 0)
+        q = p + 6 + size
+        if q > end:
+            return -(6 + size)
+        if self.room is not None and self.room() <= 0:
+            return p
+        self._start_stream(size)
+        self._c_left = 0
+        window_left = self.limits.max_window_bytes - self._window_bytes
+        limit = max(1, min(OFFLOAD_STEP, self._c_bound + 1, window_left + 1))
+        payload = bytes(data[p + 6 : q])
+        self._offload = Inflate(payload, limit, self._inflater.decompress)
+        self._need = 0
+        return q
+
+    def _take_back(self) -> None:
+        """The :class:`Inflate` event ran: its piece, checked as an inline one is, parsed."""
+        offload = self._offload
+        assert offload is not None
+        self._offload = None
+        error = offload.error
+        if error is not None:
+            if isinstance(error, (zlib.error, _inflating.error)):
+                raise RemoteProtocolError(f"bad zlib stream in a C frame: {error}") from None
+            raise error
+        piece = offload.piece
+        assert piece is not None
+        inflater = self._inflater
+        self._c_out += len(piece)
+        self.inflated_bytes += len(piece)
+        if self._c_out > self._c_bound:
+            raise RemoteProtocolError(
+                f"C frame of {self._c_size} bytes inflates past {self._c_bound} bytes"
+            )
+        self._more = len(piece) == offload.limit and not inflater.eof
+        self._tail = bytes(inflater.unconsumed_tail)
+        if piece:
+            self._parse_piece(piece)
 
     def _carry_ready(self) -> bool:
         """Whether the carry is not a whole nested ``C`` frame waiting for room."""
@@ -769,6 +850,7 @@ class ServerCodec(Lifecycle):
 
     def _end_stream(self) -> None:
         self._inflater = None
+        self._offload = None
         self._c_left = self._c_out = 0
         self._tail = b""
         self._more = False

@@ -11,11 +11,12 @@ end of input on either side.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.sdk import ConnectionClosed
 
-__all__ = ["Ack", "ConnectionClosed", "Event", "Progress", "Window"]
+__all__ = ["Ack", "ConnectionClosed", "Event", "Inflate", "Progress", "Window"]
 
 
 class Event:
@@ -53,6 +54,44 @@ class Window(Event):
     #: a linger (:meth:`~protocols.lumberjack.codec.ServerCodec.take_part`): acked
     #: with ``highest_seq`` like a window, and more of the same window follows.
     part: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class Inflate(Event):
+    """A ``C`` frame's compressed bytes, handed out to be inflated off the event loop.
+
+    Returned by a server codec whose
+    :attr:`~protocols.lumberjack.codec.ServerCodec.offload_at` is set, for a
+    ``C`` frame at least that large: call :meth:`run` (in a thread: it touches
+    nothing but this event and its decompressor, and zlib releases the GIL
+    while it inflates), then ``next_event`` again, which checks the piece
+    against the same bounds as an inline one and parses it. The codec does
+    nothing else meanwhile; calling ``next_event`` before :meth:`run` is an
+    error. Not frozen: :meth:`run` fills in its outcome.
+    """
+
+    #: The frame's compressed bytes, whole.
+    data: bytes
+    #: The most bytes to inflate here (the codec inflates the rest, if any, inline).
+    limit: int
+    #: The frame's decompressor's ``decompress``.
+    decompress: Callable[[bytes, int], bytes] = field(repr=False)
+    #: What :meth:`run` inflated (None until it ran) ...
+    piece: bytes | None = field(default=None, repr=False)
+    #: ... or the error it met (a bad zlib stream).
+    error: Exception | None = field(default=None, repr=False)
+
+    @property
+    def done(self) -> bool:
+        """Whether :meth:`run` ran."""
+        return self.piece is not None or self.error is not None
+
+    def run(self) -> None:
+        """Inflate up to :attr:`limit` bytes of :attr:`data`; safe in any thread."""
+        try:
+            self.piece = self.decompress(self.data, self.limit)
+        except Exception as e:  # the codec says what it means, from next_event
+            self.error = e
 
 
 @dataclass(frozen=True, slots=True)

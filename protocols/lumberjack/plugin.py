@@ -77,6 +77,9 @@ class LumberjackPlugin(ProtocolPlugin):
         "partial_after": Option(
             "duration", 1.0, "publish and ack a trickling window's events after this (0: off)", 0.0
         ),
+        "inflate_in_thread": Option(
+            "size", 0, "inflate C frames at least this large (compressed) in a thread (0: never)", 0
+        ),
     }
     upstream_options = {
         "bulk_max_size": Option("int", 2048, "events per window", 1),
@@ -111,6 +114,7 @@ class LumberjackPlugin(ProtocolPlugin):
             max_pending_windows=o["max_pending_windows"],
             window_timeout=o["window_timeout"],
             partial_after=o["partial_after"],
+            inflate_in_thread=o["inflate_in_thread"],
         )
         field = o["destination_field"]
         validate = o["validate_json"]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +38,7 @@ import trio
 
 from gateway.sdk import NotKept, Outcome, Receipt, Session
 
-from . import Ack, Limits, ServerCodec, Window
+from . import Ack, Inflate, Limits, ServerCodec, Window
 from .metrics import ServerMetrics
 
 __all__ = ["ServerMetrics", "ServerSession", "ServerSettings", "WindowSink", "serve_connection"]
@@ -53,6 +54,20 @@ WindowSink = Callable[[Window], Awaitable[Receipt]]
 #: and wait for the hub with keepalives, while the budget is exhausted. Above it
 #: a connection stops reading and inflating until there is room.
 WINDOW_MEMORY_FLOOR = 1024 * 1024
+
+#: Threads inflating at once, per process: more than the cores gains nothing.
+_INFLATERS: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar(
+    "lumberjack_inflaters"
+)
+
+
+def _inflaters() -> trio.CapacityLimiter:
+    try:
+        return _INFLATERS.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(max(1, len(os.sched_getaffinity(0))))
+        _INFLATERS.set(limiter)
+        return limiter
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +85,9 @@ class ServerSettings:
     #: Events of an unfinished window that waited this long are published (and
     #: acked once safe) as a part of it (0: windows are published whole only).
     partial_after: float = 1.0
+    #: ``C`` frames of at least this many compressed bytes are inflated in a thread,
+    #: off the event loop (0: every one inline); see :data:`INFLATE_IN_THREAD`.
+    inflate_in_thread: int = 0
 
 
 class ServerSession(Session):
@@ -99,6 +117,7 @@ class ServerSession(Session):
             write_timeout=settings.write_timeout,
             memory_floor=WINDOW_MEMORY_FLOOR,
         )
+        self.codec.offload_at = settings.inflate_in_thread
         self.sink = sink
         self.metrics = metrics or ServerMetrics()
         self._inflated = 0
@@ -133,7 +152,12 @@ class ServerSession(Session):
                 f" {self.unit_timeout:g}s of its start",
             )
 
-    async def handle(self, window: Window) -> None:
+    async def handle(self, window: Window | Inflate) -> None:
+        if isinstance(window, Inflate):
+            # zlib releases the GIL while it inflates: the loop serves other connections
+            # meanwhile. This connection reads nothing more until it is back.
+            await trio.to_thread.run_sync(window.run, limiter=_inflaters())
+            return
         self._count_inflated()  # per window too: a protocol error later in the read loses none
         self.metrics.windows.inc()
         if window.events:
@@ -268,9 +292,9 @@ class ServerSession(Session):
         self._unfinished = self.codec.window_progress
         self.codec.discard()
 
-    def useful(self, window: Window) -> bool:
+    def useful(self, window: Window | Inflate) -> bool:
         # ``W 0`` is a liveness probe: answered, but no reason to keep an idle connection.
-        return bool(window.events)
+        return isinstance(window, Window) and bool(window.events)
 
     def received(self) -> None:
         self._count_inflated()
