@@ -912,9 +912,9 @@ class SupervisedGateway(RunningGateway):
             return True
         return False
 
-    def listener_address(self) -> tuple[str, int]:
+    def listener_address(self, name: str = LISTENER) -> tuple[str, int]:
         """The listener's address; the supervisor's line ends ``; N workers``, not an address."""
-        first = self.addresses[LISTENER][0].rstrip(";")
+        first = self.addresses[name][0].rstrip(";")
         host, _, port = first.rpartition(":")
         return host.strip("[]"), int(port)
 

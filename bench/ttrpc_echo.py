@@ -16,6 +16,14 @@ after the other on the same machine, so that they can be compared:
   listener whose route relays ``interchange.test.*`` to a ttrpc upstream) →
   the same Go server.
 
+With ``--proxy-workers 1,2,2,1`` the ``go-proxy`` pair is measured once per
+entry instead, each time with a gateway of its own started as ``gateway run
+--workers N`` (ABBA: a drift of the machine weighs on both sides alike); its
+figures are named ``"<transport> c=<N> go-proxy w=<workers>"``, the gateway's
+CPU is that of the supervisor and each worker (``gateway worker K``), and
+``go-proxy w=2 / w=1`` compares them. Use ``--conns`` of at least the number of
+workers: the Go client's connections are what the workers share out.
+
 Each pair gets ``--warmup`` seconds of load (not counted), then ``--seconds``
 measured. With the runner's ``--wait-idle S`` each pair first waits (up to S
 seconds) for a quiet machine, since a run lasts a minute or more and the
@@ -73,6 +81,7 @@ from ._gateway import RunningGateway, supervise, to_toml
 from ._ndjson import check_gateway
 from ._process import ReadyProcess, cpu_times, ready_process
 from ._system import busy_seconds, wait_for_idle
+from .lumberjack import SupervisedGateway
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
@@ -126,6 +135,15 @@ def _list_of(convert: Callable[[str], Any], choices: tuple[str, ...] = ()) -> Ca
     return parse
 
 
+def _list_of_any(convert: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    """An option type: a comma-separated list of values, each converted, repeats kept."""
+
+    def parse(text: str) -> list[Any]:
+        return [convert(part.strip()) for part in text.split(",")]
+
+    return parse
+
+
 def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--transport",
@@ -166,6 +184,13 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="connections the Go client spreads its calls over (default: %(default)s; "
         "ours always uses one)",
+    )
+    parser.add_argument(
+        "--proxy-workers",
+        type=_list_of_any(int_at_least(1)),
+        default=[],
+        help="measure go-proxy once per entry, each with a new `gateway run --workers N`, "
+        "in this order, e.g. 1,2,2,1 (default: one gateway, one process)",
     )
     parser.add_argument(
         "--profile",
@@ -280,16 +305,21 @@ def gateway_toml(args: argparse.Namespace, bind: str, upstream: str, data_dir: P
 
 @contextlib.asynccontextmanager
 async def proxy_gateway(
-    args: argparse.Namespace, bind: str, upstream: str, tmp: Path
-) -> AsyncIterator[RunningGateway]:
-    """``python -m gateway run`` with :func:`gateway_toml` for the block."""
+    args: argparse.Namespace, bind: str, upstream: str, tmp: Path, workers: int = 0
+) -> AsyncIterator[SupervisedGateway]:
+    """``python -m gateway run`` with :func:`gateway_toml` for the block (with
+    ``--workers N`` when ``workers`` is given; the block starts once every worker serves)."""
     path = tmp / "gateway.toml"
     path.write_text(gateway_toml(args, bind, upstream, tmp / "data"), encoding="utf-8")
     command = [sys.executable, "-m", "gateway", "run", str(path)]
+    if workers:
+        command += ["--workers", str(workers)]
     if args.profile is not None:
         command[1:1] = ["-m", "cProfile", "-o", str(args.profile.resolve())]
-    running = RunningGateway("subprocess")
+    running = SupervisedGateway(max(1, workers))
     async with supervise(command, running, cwd=ROOT):
+        if not await running.wait_for_workers(START_TIMEOUT):
+            raise RuntimeError(f"not every worker of the gateway served within {START_TIMEOUT:g}s")
         yield running
 
 
@@ -517,7 +547,7 @@ class Processes:
 
     ours: OurServer | None = None
     go: Any = None  # go_ttrpc.GoServer
-    gateway: RunningGateway | None = None
+    gateway: SupervisedGateway | None = None
     gateway_address: str = ""
     metrics: str | None = None
 
@@ -527,8 +557,17 @@ class Processes:
             return {"our server": self.ours.process.pid if self.ours else None}
         go = {"Go server": self.go.process.pid if self.go else None}
         if pair == "go-proxy":
-            return {"gateway": self.gateway.pid if self.gateway else None, **go}
+            return {**self.gateway_pids(), **go}
         return go
+
+    def gateway_pids(self) -> dict[str, int | None]:
+        """The gateway's process, or its supervisor and each worker."""
+        tree = self.gateway.tree() if self.gateway is not None else []
+        if len(tree) <= 1:
+            return {"gateway": tree[0] if tree else None}
+        supervisor, *workers = tree
+        named = {f"gateway worker {k + 1}": pid for k, pid in enumerate(workers)}
+        return {"gateway supervisor": supervisor, **named}
 
 
 async def measure_pair(
@@ -570,13 +609,19 @@ def check_relayed(
     """The gateway carried the calls: at least a request's and a reply's payload frame
     per completed call went through its listener, and its upstream connected."""
 
-    def delta(name: str) -> float:
-        return after.get(name, 0.0) - before.get(name, 0.0)
+    def total(samples: dict[str, float], name: str, label: str) -> float:
+        # Summed over workers: with several, each series also has a worker="N" label.
+        return sum(
+            value for key, value in samples.items() if key.startswith(name + "{") and label in key
+        )
 
-    label = f'{{listener="{LISTENER}"}}'
-    received = delta(f"interchange_received_bytes_total{label}")
-    sent = delta(f"interchange_sent_bytes_total{label}")
-    connects = after.get(f'interchange_upstream_connects_total{{upstream="{UPSTREAM}"}}', 0.0)
+    def delta(name: str) -> float:
+        label = f'listener="{LISTENER}"'
+        return total(after, name, label) - total(before, name, label)
+
+    received = delta("interchange_received_bytes_total")
+    sent = delta("interchange_sent_bytes_total")
+    connects = total(after, "interchange_upstream_connects_total", f'upstream="{UPSTREAM}"')
     sample.details["gateway_metrics"] = {
         "received_bytes": received,
         "sent_bytes": sent,
@@ -620,20 +665,18 @@ async def run_transport(
                 procs.go = await stack.enter_async_context(
                     go_ttrpc.go_server(binary, address("go"))
                 )
-            if "go-proxy" in pairs:
-                bind = address("gateway") if transport == "unix" else "127.0.0.1:0"
-                upstream = procs.go.address.removeprefix("tcp:")
-                procs.gateway = await stack.enter_async_context(
-                    proxy_gateway(args, bind, upstream, tmp)
-                )
-                listen = procs.gateway.addresses[LISTENER][0]
-                procs.gateway_address = bind if transport == "unix" else f"tcp:{listen}"
-                procs.metrics = metrics_address(procs.gateway)
+            per_workers = bool(args.proxy_workers) and "go-proxy" in pairs
+            if "go-proxy" in pairs and not per_workers:
+                await _start_proxy(stack, procs, args, address("gateway"), transport, tmp)
             for c in args.concurrency:
                 for _ in range(args.rounds):
                     for pair in pairs:
+                        if pair == "go-proxy" and per_workers:
+                            continue
                         sample = await measure_pair(pair, c, procs, binary, args)
                         samples.setdefault((c, pair), []).append(sample)
+            if per_workers:
+                await _proxy_per_workers(procs, args, binary, transport, tmp, result, samples)
             # (The gateway's exit status is checked below: it is stopped first.)
             alive = {
                 "our server": procs.ours is None or procs.ours.process.returncode is None,
@@ -651,6 +694,49 @@ async def run_transport(
         check_gateway(procs.gateway, result, gateway_problems)
         result.problems += [f"{transport}: {p}" for p in gateway_problems]
     return samples
+
+
+async def _start_proxy(
+    stack: contextlib.AsyncExitStack,
+    procs: Processes,
+    args: argparse.Namespace,
+    unix_address: str,
+    transport: str,
+    tmp: Path,
+    workers: int = 0,
+) -> SupervisedGateway:
+    """Start the proxy gateway for the rest of ``stack``; it becomes ``procs.gateway``."""
+    bind = unix_address if transport == "unix" else "127.0.0.1:0"
+    upstream = procs.go.address.removeprefix("tcp:")
+    gateway = await stack.enter_async_context(proxy_gateway(args, bind, upstream, tmp, workers))
+    procs.gateway = gateway
+    host, port = gateway.listener_address(LISTENER)
+    procs.gateway_address = bind if transport == "unix" else f"tcp:{host}:{port}"
+    procs.metrics = metrics_address(gateway)
+    return gateway
+
+
+async def _proxy_per_workers(
+    procs: Processes,
+    args: argparse.Namespace,
+    binary: Path | None,
+    transport: str,
+    tmp: Path,
+    result: Result,
+    samples: dict[tuple[int, str], list[Sample]],
+) -> None:
+    """``go-proxy`` once per ``--proxy-workers`` entry, each with a new gateway of N workers."""
+    for i, workers in enumerate(args.proxy_workers):
+        unix_address = f"unix:{tmp / f'gateway-{i}'}.sock"
+        async with contextlib.AsyncExitStack() as stack:
+            gateway = await _start_proxy(stack, procs, args, unix_address, transport, tmp, workers)
+            for c in args.concurrency:
+                sample = await measure_pair("go-proxy", c, procs, binary, args)
+                samples.setdefault((c, f"go-proxy w={workers}"), []).append(sample)
+        gateway_problems: list[str] = []
+        check_gateway(gateway, result, gateway_problems)
+        result.problems += [f"{transport} go-proxy w={workers}: {p}" for p in gateway_problems]
+    procs.gateway = None
 
 
 def add_figures(
@@ -680,8 +766,12 @@ def add_figures(
     for name in dict.fromkeys(n for s in good for n in s.cpu):
         cpu = sum(s.cpu.get(name, 0.0) for s in good)
         result.add(f"{tag} {name} cpu per call", 1e6 * cpu / calls, "us")
-        if name == served:
+        if name.startswith(served):
             result.add(f"{tag} {name} cpu load", 100 * cpu / wall, "% of a core")
+    parts = [n for n in dict.fromkeys(n for s in good for n in s.cpu) if n.startswith("gateway ")]
+    if parts:  # a supervisor and its workers: the gateway is their sum
+        cpu = sum(s.cpu.get(name, 0.0) for s in good for name in parts)
+        result.add(f"{tag} gateway (all processes) cpu per call", 1e6 * cpu / calls, "us")
     others = [s.others for s in good]
     if all(o is not None for o in others):
         load = 100 * sum(cast(float, o) for o in others) / wall
@@ -739,6 +829,7 @@ async def _run(args: argparse.Namespace) -> Result:
                 for pair in args.pairs
             }
             tag = f"{transport} c={c}"
+            _add_worker_ratios(result, args, transport, c, samples, rates.get("go"))
             go, proxy, py = rates.get("go"), rates.get("go-proxy"), rates.get("py")
             if go and proxy:
                 ratio = proxy / go
@@ -751,6 +842,30 @@ async def _run(args: argparse.Namespace) -> Result:
                 targets[f"{tag} py >= {TARGET_CALLS} calls/s"] = py >= TARGET_CALLS
     result.details["targets"] = targets
     return result
+
+
+def _add_worker_ratios(
+    result: Result,
+    args: argparse.Namespace,
+    transport: str,
+    c: int,
+    samples: dict[tuple[int, str], list[Sample]],
+    go: float | None,
+) -> None:
+    """``go-proxy w=N``'s figures per distinct N, and each as a multiple of the first N's."""
+    tag = f"{transport} c={c}"
+    rates: dict[int, float] = {}
+    for workers in dict.fromkeys(args.proxy_workers):
+        pair = f"go-proxy w={workers}"
+        rate = add_figures(result, transport, c, pair, samples.get((c, pair), []))
+        if rate:
+            rates[workers] = rate
+            if go:
+                result.add(f"{tag} {pair} / go", rate / go)
+    if len(rates) > 1:
+        first, *others = rates
+        for workers in others:
+            result.add(f"{tag} go-proxy w={workers} / w={first}", rates[workers] / rates[first])
 
 
 @register(

@@ -1,0 +1,226 @@
+"""Lumberjack ingest with 1 and N workers: replayed windows → ``gateway run --workers N``.
+
+``lumberjack-ingest`` starts ``python -m gateway run --workers N`` (one
+Lumberjack listener whose destination ``logs`` is an in-memory topic) once
+per entry of ``--workers`` (default ``1,2,2,1``: ABBA, so that a drift of the
+machine during the run weighs on both sides alike), and drives each with the
+replay client of ``bench lumberjack`` (one pre-encoded Beats window sent
+again and again over ``--connections`` connections, at most ``--inflight``
+unacked per connection): the client costs little per event, so the gateway
+is what is measured.
+
+Nobody subscribes to ``logs``: a publish to a topic without subscribers
+settles delivered at once, so a window is acked as soon as the listener has
+parsed, checked (``validate_json``) and published it. That is the ingest
+side alone: what each worker does per event whatever the destination, and
+what the number of workers multiplies. A subscriber would add its own cost
+and, in one worker of N, a topic hop for the events that the other workers
+received (``bench worker-hop`` measures that hop by itself).
+
+``--inflate-in-thread SIZE`` sets the listener option ``inflate_in_thread``
+(``C`` frames from SIZE compressed bytes up are inflated in a thread, off the
+event loop); ``0`` inflates inline.
+
+Per phase: acked events/s, each worker's CPU load and the workers' CPU per
+event (user + system of each worker pid from ``/proc``, supervisor excluded,
+between the edges of the measured window); the supervisor's load. Then, per
+number of workers, the mean rate over its phases, and each N's rate as a
+multiple of the first N's. Self-checks: every window sent is acked whole,
+every gateway exits 0 and logs no warning, every worker served before the
+load started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from protocols.lumberjack import encode_window
+
+from . import Result, register
+from ._gateway import START_TIMEOUT
+from .lumberjack import (
+    Measured,
+    Replay,
+    SupervisedGateway,
+    _client_context,
+    _common_arguments,
+    _make_certs,
+    _params,
+    check_gateway,
+    check_replay,
+    drive,
+    gateway_process,
+    make_events,
+    sink_config,
+)
+
+
+@dataclass
+class Phase:
+    """One gateway run with ``workers`` workers, and what was measured of it."""
+
+    workers: int
+    replay: Replay
+    gateway: SupervisedGateway
+    measured: Measured | None = None
+
+    @property
+    def rate(self) -> float:
+        assert self.measured is not None
+        return self.replay.window_events / self.measured.elapsed
+
+    def worker_seconds(self) -> list[float]:
+        """CPU seconds of each worker in the window (the one process when N is 1)."""
+        per_process = [s for _, s in self.gateway.window_per_process()]
+        return per_process if self.workers == 1 else per_process[1:]
+
+    def supervisor_seconds(self) -> float:
+        per_process = self.gateway.window_per_process()
+        return per_process[0][1] if self.workers > 1 and per_process else 0.0
+
+
+def ingest_config(args: argparse.Namespace, tls: bool) -> dict[str, Any]:
+    """The sink's listener (destination ``logs``, nobody subscribed), inflating as asked."""
+    config = sink_config(args, tls)
+    config["listeners"][0]["inflate_in_thread"] = args.inflate_in_thread
+    return config
+
+
+async def _run_phase(
+    phase: Phase, config: dict[str, Any], tmp: Path, context: Any, args: argparse.Namespace
+) -> None:
+    command = ["-m", "gateway", "run", "{config}", "--workers", str(phase.workers)]
+    path = tmp / f"ingest-{id(phase)}.toml"
+    async with gateway_process(config, path, command, phase.gateway):
+        if not await phase.gateway.wait_for_workers(START_TIMEOUT):
+            phase.replay.problems.append(f"not every worker served within {START_TIMEOUT:g}s")
+            return
+        host, port = phase.gateway.listener_address()
+        phase.measured = await drive(phase.replay, [phase.gateway], host, port, context, args)
+
+
+async def _run_ingest(args: argparse.Namespace) -> Result:
+    window = encode_window(
+        2, make_events(args.events, args.size), args.level, compress=zlib.compress
+    )
+    result = Result(params=_params(args, "subprocess", window))
+    result.params["workers"] = args.workers
+    result.params["inflate_in_thread"] = args.inflate_in_thread
+    phases = [
+        Phase(n, Replay(window, args.events, args.inflight), SupervisedGateway(n))
+        for n in args.workers
+    ]
+    with tempfile.TemporaryDirectory(prefix="interchange-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        context = _client_context(_make_certs(tmp)) if args.tls else None
+        config = ingest_config(args, args.tls)
+        result.details["gateway_config"] = config
+        for phase in phases:
+            await _run_phase(phase, config, tmp, context, args)
+            if phase.measured is None:
+                break
+    _report(result, phases, args)
+    return result
+
+
+def _report(result: Result, phases: Sequence[Phase], args: argparse.Namespace) -> None:
+    """Each phase's figures, then the mean rate per N and the ratios; the self-checks."""
+    rates: dict[int, list[float]] = {}
+    per_event: dict[int, list[float]] = {}
+    for i, phase in enumerate(phases):
+        name = f"gateway {i + 1} ({phase.workers} worker{'s' if phase.workers > 1 else ''})"
+        result.problems += phase.replay.problems
+        check_gateway(result.problems, result, name, phase.gateway)
+        if phase.measured is None:
+            continue
+        check_replay(phase.replay)
+        result.problems += phase.replay.problems
+        measured = phase.measured
+        elapsed = measured.elapsed
+        rates.setdefault(phase.workers, []).append(phase.rate)
+        result.add(f"{name}: acked events", phase.rate, "events/s")
+        workers = phase.worker_seconds()
+        for k, seconds in enumerate(sorted(workers, reverse=True)):
+            result.add(f"{name}: worker {k + 1} cpu load", 100 * seconds / elapsed, "% of a core")
+        if phase.workers > 1:
+            load = 100 * phase.supervisor_seconds() / elapsed
+            result.add(f"{name}: supervisor cpu load", load, "% of a core")
+        if phase.replay.window_events and workers:
+            us = 1e6 * sum(workers) / phase.replay.window_events
+            per_event.setdefault(phase.workers, []).append(us)
+            result.add(f"{name}: workers' cpu per event", us, "us")
+        result.add(
+            f"{name}: replay client cpu load", 100 * measured.own_cpu / elapsed, "% of a core"
+        )
+        if measured.busy is not None:
+            gateway = sum(workers) + phase.supervisor_seconds()
+            others = max(0.0, measured.busy - gateway - measured.own_cpu)
+            result.add(f"{name}: other processes' cpu load", 100 * others / elapsed, "% of a core")
+        result.details[f"phase_{i + 1}_cpu_per_process_s"] = {
+            str(pid): s for pid, s in phase.gateway.window_per_process()
+        }
+    _summarize(result, rates, per_event)
+
+
+def _summarize(
+    result: Result, rates: dict[int, list[float]], per_event: dict[int, list[float]]
+) -> None:
+    if not rates:
+        return
+    first = next(iter(rates))
+    base = statistics.fmean(rates[first])
+    for n, values in rates.items():
+        mean = statistics.fmean(values)
+        result.add(f"{n} workers: acked events (mean of {len(values)})", mean, "events/s")
+        if per_event.get(n):
+            us = statistics.fmean(per_event[n])
+            result.add(f"{n} workers: workers' cpu per event (mean)", us, "us")
+        if n != first and base > 0:
+            result.add(f"{n} workers / {first}", mean / base)
+
+
+def _workers(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a list of worker counts like 1,2,2,1, not {text!r}")
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"worker counts are at least 1: {text!r}")
+    return values
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workers",
+        type=_workers,
+        default=[1, 2, 2, 1],
+        help="one gateway run per entry, `gateway run --workers N`, in this order "
+        "(default: 1,2,2,1)",
+    )
+    parser.add_argument(
+        "--inflate-in-thread",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="the listener option inflate_in_thread: C frames from BYTES compressed bytes up "
+        "are inflated in a thread (default: 0, inline)",
+    )
+    _common_arguments(parser)
+
+
+@register(
+    "lumberjack-ingest",
+    "Beats windows replayed → `gateway run --workers N` → topic nobody reads, per N: events/s",
+    arguments=_arguments,
+)
+def run(args: argparse.Namespace) -> Result:
+    return trio.run(_run_ingest, args)
