@@ -191,8 +191,10 @@ class Outgoing:
         elif isinstance(frame, Committed):
             end.moved(frame.position)
         else:
-            del self.subscriptions[frame.sub]
-            end.ended(ENDINGS[frame.why](frame.reason))
+            error = ENDINGS[frame.why](frame.reason)
+            if not isinstance(error, EndOfStream):  # after a finite read's end, acks go on
+                del self.subscriptions[frame.sub]
+            end.ended(error)
 
     def _answered(self, answer: Answer) -> None:
         sent = self.inflight.pop(answer.batch, None)
@@ -267,6 +269,8 @@ class _Home:
 
     sub: Subscription
     committed: Position | None = None
+    #: A finite read that ended: nothing more to take, but acks still come.
+    ended: bool = False
 
 
 class Incoming:
@@ -332,6 +336,7 @@ class Incoming:
             return
         self.homes[request.sub] = _Home(sub, sub.committed)
         sub.watch(self._has_output)
+        self._has_output.unpark_all()  # it may have something to deliver already
 
     def answer(self, batch: int, receipt: Receipt) -> None:
         """Queue the answer to ``batch`` once its local ``receipt`` settled (a call's
@@ -347,19 +352,24 @@ class Incoming:
         """Queue what the home subscriptions have to deliver (within the credit and
         unacked bounds the proxies gave them), moved commits, and their ends."""
         for number, home in list(self.homes.items()):
+            committed = home.sub.committed
+            if committed != home.committed:
+                home.committed = committed
+                self._out.append(self.wire.encode(Committed(number, committed)))
+            if home.ended:
+                continue
             try:
                 deliveries = home.sub.take()
             except (trio.ClosedResourceError, EndOfStream) as e:
-                del self.homes[number]
+                if isinstance(e, EndOfStream):
+                    home.ended = True  # kept until the proxy closes it
+                else:
+                    del self.homes[number]
                 self._out.append(self.wire.encode(Ended(number, ending(e), str(e))))
                 continue
             if deliveries:
                 name = home.sub.destination
                 self._out.append(self.wire.encode(Deliveries(number, name, _left(deliveries))))
-            committed = home.sub.committed
-            if committed != home.committed:
-                home.committed = committed
-                self._out.append(self.wire.encode(Committed(number, committed)))
 
     def interest_changed(self) -> None:
         self._has_output.unpark_all()

@@ -231,7 +231,7 @@ class RemoteSubscription(Subscription):
             self._buffer.clear()
             self._unacked.clear()
             self._calls.clear()
-        self._owner.forget(self)
+            self._owner.forget(self)
         self._wake_up()
 
     def moved(self, committed: Position | None) -> None:
@@ -319,8 +319,7 @@ class RemoteSubscription(Subscription):
         if self.closed:
             return
         self.closed = True
-        if self._error is None:
-            self._send(Unsubscribe(self._number))
+        self._send(Unsubscribe(self._number))
         self._buffer.clear()
         self._unacked.clear()
         self._owner.forget(self)
@@ -328,5 +327,10 @@ class RemoteSubscription(Subscription):
         self._lots.clear()
 
     def _send(self, frame: Grant | Acks | Nack | Respond | Unsubscribe) -> None:
-        if self._link is not None and self._error is None:
+        if self._link is not None and (self._error is None or self._finished):
             self._link.push(frame)
+
+    @property
+    def _finished(self) -> bool:
+        """A finite read ended at the home: its subscription stays for the acks."""
+        return isinstance(self._error, EndOfStream)
