@@ -33,6 +33,7 @@ from gateway.core.peerwire import (
     Committed,
     Deliveries,
     Ended,
+    Failure,
     Frame,
     Grant,
     Nack,
@@ -41,6 +42,7 @@ from gateway.core.peerwire import (
     Subscribe,
     Unsubscribe,
 )
+from gateway.core.reasons import Reason
 from gateway.core.remote import RemoteDestination, RemoteProvider
 from gateway.core.topic import TopicLimits
 from gateway.runtime.catalog import Catalog, DestinationSpec, home_worker
@@ -92,6 +94,12 @@ def test_the_proxy_frames_fed_byte_by_byte_decode_to_what_was_sent() -> None:
         Committed(1, None),
         Batch(3, "q", (Message("q", b"call"),), 0.25),
         Answer(3, (), Reply(b"r")),
+        Answer(
+            4,
+            (Failure(1, Outcome.REJECTED, "too large", Reason.TOO_LARGE),),
+            None,
+            (Position(7, 1), None, Position(8, 1)),
+        ),
     ]
     sender, receiver = PeerWire(), PeerWire()
     data = b"".join(sender.encode(f) for f in frames)
@@ -409,6 +417,9 @@ async def test_a_durable_log_at_worker_0_written_through_proxies_reads_back_whol
         with trio.fail_after(5):
             assert await r1.wait() is Outcome.DELIVERED
             assert await r2.wait() is Outcome.DELIVERED
+        # The home answered where it stored them: the publishers get the positions.
+        stored = [r.result(i).positions[name].offset for r in (r1, r2) for i in range(50)]
+        assert sorted(stored) == list(range(100))
         reader = one.subscribe(name, start="earliest", end="latest")
         got = await _read_all(reader, 100)
         assert sorted(got) == sorted(bodies)

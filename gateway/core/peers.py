@@ -84,6 +84,7 @@ class _InFlight:
     base: int
     count: int
     nbytes: int
+    destination: str
 
 
 class ProxyEnd(Protocol):
@@ -145,7 +146,7 @@ class Outgoing:
         if self.closed:
             receipt.settle_range(base, base + len(messages), *_lost(self.peer))
             return
-        self.inflight[batch] = _InFlight(receipt, base, len(messages), len(frame))
+        self.inflight[batch] = _InFlight(receipt, base, len(messages), len(frame), name)
         self.inflight_bytes += len(frame)
         self._out.append(frame)
         self._has_output.unpark_all()
@@ -202,7 +203,10 @@ class Outgoing:
             return
         self.inflight_bytes -= sent.nbytes
         self._room.unpark_all()
-        _settle(sent, answer.failures, answer.reply)
+        if answer.positions:
+            _settle_stored(sent, answer.failures, answer.positions)
+        else:
+            _settle(sent, answer.failures, answer.reply)
 
     async def take(self) -> list[bytes]:
         """Wait for frames to write, and return them (raises once broken)."""
@@ -254,6 +258,26 @@ def _settle(sent: _InFlight, failures: Sequence[Failure], reply: Reply | None = 
     receipt.settle_range(base + at, base + sent.count, Outcome.DELIVERED)
 
 
+def _settle_stored(
+    sent: _InFlight, failures: Sequence[Failure], positions: Sequence[Position | None]
+) -> None:
+    """Settle the legs of a batch a log stored: its failures as answered, each run
+    between them as stored at the positions the home answered."""
+    receipt, base = sent.receipt, sent.base
+    failed = {f.index: f for f in failures if 0 <= f.index < sent.count}
+    at = 0
+    for stop in [*sorted(failed), sent.count]:
+        stored = [p for p in positions[at:stop] if p is not None]
+        if stored and len(stored) == stop - at:
+            receipt.settle_stored(base + at, sent.destination, stored)
+        else:
+            receipt.settle_range(base + at, base + stop, Outcome.DELIVERED)
+        f = failed.get(stop)
+        if f is not None:
+            receipt.settle(base + stop, f.outcome, f.reason, reason_code=f.reason_code)
+        at = stop + 1
+
+
 #: What a worker does with a batch another worker forwarded: put it into the
 #: local destination (waiting for room) and return the receipt of that local
 #: fan-out; the third argument is a call's seconds left (None: no call).
@@ -296,7 +320,8 @@ class Incoming:
                 receipt = await self.peers.deliver(
                     frame.destination, list(frame.messages), frame.timeout
                 )
-                receipt.add_done_callback(functools.partial(self.answer, frame.batch))
+                answer = functools.partial(self.answer, frame.batch, frame.destination)
+                receipt.add_done_callback(answer)
             elif isinstance(frame, Subscribe | Grant | Acks | Nack | Respond | Unsubscribe):
                 self._for_home(frame)
             elif isinstance(frame, Hello):
@@ -338,15 +363,22 @@ class Incoming:
         sub.watch(self._has_output)
         self._has_output.unpark_all()  # it may have something to deliver already
 
-    def answer(self, batch: int, receipt: Receipt) -> None:
+    def answer(self, batch: int, destination: str, receipt: Receipt) -> None:
         """Queue the answer to ``batch`` once its local ``receipt`` settled (a call's
-        with its reply)."""
+        with its reply, a log's with the positions it stored the messages at)."""
+        if receipt.plain:
+            self._push(self.wire.encode(Answer(batch)))
+            return
+        results = receipt.results()
         failures = tuple(
             Failure(i, r.outcome, r.reason, r.reason_code or Reason.OTHER)
-            for i, r in enumerate(receipt.results())
+            for i, r in enumerate(results)
             if r.outcome is not Outcome.DELIVERED
         )
-        self._push(self.wire.encode(Answer(batch, failures, receipt.reply)))
+        positions = tuple(r.positions.get(destination) for r in results)
+        if all(p is None for p in positions):
+            positions = ()
+        self._push(self.wire.encode(Answer(batch, failures, receipt.reply, positions)))
 
     def _pump(self) -> None:
         """Queue what the home subscriptions have to deliver (within the credit and

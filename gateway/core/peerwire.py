@@ -17,7 +17,9 @@ item says what it is:
 
 A batch that is a call carries a fifth item, the seconds left until its
 deadline (each process has its own trio clock, so deadlines cross as time
-left); its answer carries a fourth, the reply.
+left); its answer carries a fourth, the reply (or nil). The answer to a batch
+a log stored carries a fifth: each message's position ``[offset, partition]``
+(nil where it was not stored).
 
 A stateful destination lives in one *home* worker; the others reach it through
 a proxy (:mod:`gateway.core.remote`). Its publishes are batches as above; its
@@ -150,6 +152,9 @@ class Answer:
     failures: tuple[Failure, ...] = ()
     #: The reply to a call, if one came.
     reply: Reply | None = None
+    #: Where a log stored each message of the batch (None: not stored), when
+    #: the destination keeps one; empty otherwise.
+    positions: tuple[Position | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,9 +317,12 @@ def _to_wire(frame: Frame) -> list[Any]:
         failures = [
             [f.index, int(f.outcome), f.reason, f.reason_code.value] for f in frame.failures
         ]
-        if frame.reply is not None:
-            return [_ANSWER, frame.batch, failures, _reply(frame.reply)]
-        return [_ANSWER, frame.batch, failures]
+        out = [_ANSWER, frame.batch, failures]
+        if frame.reply is not None or frame.positions:
+            out.append(None if frame.reply is None else _reply(frame.reply))
+        if frame.positions:
+            out.append([None if p is None else [p.offset, p.partition] for p in frame.positions])
+        return out
     if isinstance(frame, Interest):
         return [_INTEREST, list(frame.added), list(frame.removed)]
     if isinstance(frame, Hello):
@@ -405,8 +413,12 @@ def _decode(payload: bytes) -> Frame:
             )
         if kind == _ANSWER:
             batch, failures = item[1:3]
-            reply = _read_reply(item[3]) if len(item) > 3 else None
-            return Answer(int(batch), tuple(_failure(f) for f in failures), reply)
+            reply = _read_reply(item[3]) if len(item) > 3 and item[3] is not None else None
+            positions = tuple(
+                None if p is None else Position(int(p[0]), int(p[1]))
+                for p in (item[4] if len(item) > 4 else ())
+            )
+            return Answer(int(batch), tuple(_failure(f) for f in failures), reply, positions)
         if kind == _INTEREST:
             _, added, removed = item
             return Interest(tuple(map(str, added)), tuple(map(str, removed)))
