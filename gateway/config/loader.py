@@ -418,12 +418,12 @@ def parse(
     return config
 
 
-#: Why a config that keeps state is refused with several workers.
+#: Why a config is refused with several workers.
 _ONE_WORKER = (
-    "with workers = {n} each worker would keep its own, so what one worker takes another"
-    ' never sees; only in-memory topics (kind "topic", no retain, no store, no named'
-    " groups) and relays to upstreams work across workers for now; queues, logs, durable"
-    " destinations and named groups do not (cross-worker state for them comes later)"
+    "with workers = {n} each worker would do this on its own; in-memory topics forward"
+    " between workers and every stateful destination (queue, log, durable destination,"
+    " named groups) lives in one worker that the others reach, but this does not work"
+    " across workers yet"
 )
 
 
@@ -432,41 +432,21 @@ def workers_problems(
 ) -> list[str]:
     """Why ``config`` cannot run as ``workers`` processes yet (empty: it can).
 
-    Workers share the listening sockets, and in-memory topics: a message
-    published in one worker is forwarded to the others that have subscribers
-    (:mod:`gateway.core.peers`). Anything else that keeps state is per worker,
-    so it is refused: ``[[destinations]]`` other than plain topics (queues,
-    ``retain`` logs, durable ``store`` logs, declared ``groups``), protocols
-    that keep segments, upstreams that ``subscribe`` (each worker would
-    publish what it receives). Relays to upstreams are per worker (each has
-    its own pool). ``[metrics]`` and ``[admin]`` are served by the supervisor
-    for the whole gateway.
+    Workers share the listening sockets. In-memory topics forward between
+    workers (:mod:`gateway.core.peers`); every stateful destination (a queue,
+    a ``retain`` log, a durable ``store`` log, a topic with declared
+    ``groups``) lives in one home worker, which the others reach through a
+    proxy (:mod:`gateway.core.remote`). Refused: protocols that keep segments
+    in the store, upstreams that ``subscribe`` (each worker would publish what
+    it receives). Relays to upstreams are per worker (each has its own pool).
+    ``[metrics]`` and ``[admin]`` are served by the supervisor for the whole
+    gateway.
     Errors name the key as :func:`parse` does (the config's entries are in
     file order once it parsed without errors).
     """
     registry = registry or default_registry()
     where = source or str(config.path or "the embedded default config")
-    why = _ONE_WORKER.format(n=workers)
-    out: list[str] = []
-    for i, d in enumerate(config.destinations):
-        what = _split_state(d)
-        if what is not None:
-            out.append(f"{where}: destinations[{i}]: destination {d.name!r} is {what}: {why}")
-    out += _peer_problems(config, registry, where, why)
-    return out
-
-
-def _split_state(d: DestinationSpec) -> str | None:
-    """What ``d`` keeps that workers would split, or None for a plain in-memory topic."""
-    if d.store:
-        return "a durable log"
-    if d.retain is not None:
-        return "an in-memory log"
-    if d.kind != "topic":
-        return f"an in-memory {d.kind}"
-    if d.groups:
-        return "a topic with named groups"
-    return None
+    return _peer_problems(config, registry, where, _ONE_WORKER.format(n=workers))
 
 
 def _peer_problems(config: Config, registry: Registry, where: str, why: str) -> list[str]:

@@ -37,8 +37,10 @@ from gateway.core.destination import (
 )
 from gateway.core.model import Message, Outcome
 from gateway.core.peers import Peers
+from gateway.core.peerwire import Subscribe
 from gateway.core.reasons import Reason
 from gateway.core.receipts import Receipt
+from gateway.core.remote import RemoteDestination
 from gateway.core.routing import UPSTREAM_PREFIX, Router
 from gateway.core.topic import Topic, TopicLimits
 from gateway.ops.tap import Tap
@@ -148,18 +150,42 @@ class Hub:
         return d
 
     def join(self, peers: Peers) -> None:
-        """Forward in-memory topics to (and take them from) other workers' hubs."""
+        """Forward in-memory topics to (and take them from) other workers' hubs, and
+        serve the other workers' proxies of the destinations whose home is here
+        (:mod:`gateway.core.remote`)."""
         self.peers = peers
         peers.deliver = self._accept_forwarded
+        peers.open_home = self._open_home
         for d in self._destinations.values():
             if type(d) is Topic and d.kind == "topic":
                 peers.watch(d)
 
-    async def _accept_forwarded(self, name: str, messages: list[Message]) -> Receipt:
-        """Put a batch another worker forwarded into the local topic ``name`` (waiting
+    def _open_home(self, request: Subscribe) -> Subscription:
+        """A subscription another worker's proxy asked for, opened here at the home."""
+        return self.subscribe(
+            request.destination,
+            request.group,
+            credit=request.credit,
+            max_unacked=request.max_unacked,
+            max_unacked_bytes=request.max_unacked_bytes,
+            start=request.start,
+            end=request.end,
+            filter=request.filter,
+            positions=request.positions,
+        )
+
+    async def _accept_forwarded(
+        self, name: str, messages: list[Message], timeout: float | None = None
+    ) -> Receipt:
+        """Put a batch another worker sent into the local destination ``name`` (waiting
         for room) and return the receipt of this worker's fan-out. It is not routed
-        again, nor forwarded on: a message crosses one hop."""
-        receipt = Receipt(len(messages))
+        again, nor forwarded on: a message crosses one hop. ``timeout``: the batch is
+        a call with that many seconds left."""
+        if timeout is not None and self._timers_running:
+            receipt = Receipt.for_call(trio.current_time() + timeout)
+            self._track_call(receipt, f"no reply within {timeout:g}s")
+        else:
+            receipt = Receipt(len(messages))
         try:
             await self.destination(name).put_many(messages, receipt, 0)
         except LookupError as e:
@@ -193,8 +219,9 @@ class Hub:
             self._taps.remove(tap)
 
     def destinations(self) -> dict[str, Destination]:
-        """A snapshot of the destinations that exist now."""
-        return dict(self._destinations)
+        """A snapshot of the destinations that exist now, here: a proxy of one whose
+        home is another worker is left out (the home reports it)."""
+        return {n: d for n, d in self._destinations.items() if not isinstance(d, RemoteDestination)}
 
     def info(self, destination: str) -> DestinationInfo:
         """What kind ``destination`` is (it is created if it does not exist yet)."""
@@ -253,18 +280,21 @@ class Hub:
             raise RuntimeError("calls need the hub's timers: run hub.run() in a nursery")
         if not timeout > 0:
             raise ValueError("a call needs a timeout above 0")
-        reply_by = trio.current_time() + timeout
-        receipt = Receipt.for_call(reply_by)
+        receipt = Receipt.for_call(trio.current_time() + timeout)
+        self._track_call(receipt, f"no reply within {timeout:g}s")
+        await self._publish([message], receipt)
+        return receipt
+
+    def _track_call(self, receipt: Receipt, reason: str) -> None:
+        """Expire the call ``receipt`` at its deadline unless it settled before."""
+        assert receipt.reply_by is not None
         self._calls += 1
         heapq.heappush(
-            self._deadlines,
-            (reply_by, next(self._deadline_ids), receipt, f"no reply within {timeout:g}s"),
+            self._deadlines, (receipt.reply_by, next(self._deadline_ids), receipt, reason)
         )
         if self._deadlines[0][2] is receipt:
             self._timer.unpark_all()
         receipt.add_done_callback(self._call_settled)
-        await self._publish([message], receipt)
-        return receipt
 
     async def _publish(self, messages: list[Message], receipt: Receipt) -> None:
         self._inflight += 1
@@ -312,7 +342,7 @@ class Hub:
                 )
                 continue
             await dest.put_many(copies, receipt, base)
-            if self.peers is not None and not receipt.is_call:
+            if self.peers is not None:
                 await self._forward(dest, copies, receipt, base)
             if self._taps:
                 for tap in self._taps:
@@ -323,7 +353,7 @@ class Hub:
         self, dest: Destination, copies: list[Message], receipt: Receipt, base: int
     ) -> None:
         """Other workers' subscribers of an in-memory topic get their copies too (a
-        call's reply does not cross workers yet: calls stay local)."""
+        call's batch carries its deadline, and the answer its reply)."""
         if self.peers is not None and type(dest) is Topic and dest.on_interest is not None:
             await self.peers.forward(dest.name, copies, receipt, base)
 

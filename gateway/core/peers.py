@@ -15,6 +15,16 @@ nobody left to deliver to). A link that breaks fails every leg it had not
 answered (the sender is not acked and resends). The bytes in flight on a link
 are bounded: a full link makes the publish wait, as a full buffer does.
 
+A stateful destination (a queue, a log, a topic with declared groups) lives
+in one *home* worker; the others hold a proxy
+(:class:`~gateway.core.remote.RemoteDestination`) that uses the same links: its
+publishes are batches to the home (a call carries its deadline, the answer
+its reply), and its subscriptions are opened at the home over the dialling
+side (:class:`Outgoing` keeps the proxy's end, :class:`Incoming` the home
+subscription, whose deliveries it pushes within the credit the proxy granted).
+A link that breaks ends both ends: the home subscription closes, so what it
+had delivered unacked goes back to its group.
+
 This module keeps the state and makes the frames (:mod:`gateway.core.peerwire`);
 moving the bytes is the runtime's (:mod:`gateway.runtime.peerlinks`). A
 single-worker gateway has no :class:`Peers` and pays nothing.
@@ -22,32 +32,50 @@ single-worker gateway has no :class:`Peers` and pays nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 
-from gateway.core.model import Message, Outcome
+from gateway.core.destination import Delivery, EndOfStream, Subscription
+from gateway.core.model import Message, Outcome, Position, Reply
 from gateway.core.peerwire import (
+    ENDINGS,
     VERSION,
+    Acks,
     Answer,
     Batch,
+    Committed,
+    Deliveries,
+    Ended,
     Failure,
+    Frame,
+    Grant,
     Hello,
     Interest,
+    Nack,
     PeerWire,
+    Respond,
+    Subscribe,
+    Unsubscribe,
     WireError,
+    ending,
 )
 from gateway.core.reasons import Reason
 from gateway.core.receipts import Receipt
 from gateway.core.topic import Topic
 
-__all__ = ["DEFAULT_LINK_BYTES", "Outgoing", "Peers"]
+__all__ = ["DEFAULT_LINK_BYTES", "Outgoing", "Peers", "ProxyEnd"]
 
 #: Bytes of batches one link may have in flight (sent, not answered) by default.
 DEFAULT_LINK_BYTES = 8 * 1024 * 1024
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -56,6 +84,21 @@ class _InFlight:
     base: int
     count: int
     nbytes: int
+    destination: str
+
+
+class ProxyEnd(Protocol):
+    """The proxy's end of a subscription opened at another worker: what the home
+    sends for it (:class:`~gateway.core.remote.RemoteSubscription`)."""
+
+    def delivered(self, deliveries: Sequence[Delivery]) -> None:
+        """Deliveries, their ``reply_by`` as seconds left."""
+
+    def ended(self, error: Exception) -> None:
+        """The home subscription ended (closed, a finite read's end, an error)."""
+
+    def moved(self, committed: Position | None) -> None:
+        """The group's committed position moved."""
 
 
 class Outgoing:
@@ -75,6 +118,9 @@ class Outgoing:
         self.wire = PeerWire()
         self.closed = False
         self._ids = itertools.count(1)
+        #: Subscriptions opened at the other worker, by number: their proxies' ends.
+        self.subscriptions: dict[int, ProxyEnd] = {}
+        self._sub_ids = itertools.count(1)
         self._out: list[bytes] = [self.wire.encode(Hello(VERSION, me))]
         self._has_output = trio.lowlevel.ParkingLot()
         self._room = trio.lowlevel.ParkingLot()
@@ -82,9 +128,14 @@ class Outgoing:
     async def send(
         self, name: str, messages: Sequence[Message], receipt: Receipt, base: int
     ) -> None:
-        """Send one batch once the link has room; its legs settle on the answer."""
+        """Send one batch once the link has room; its legs settle on the answer.
+
+        A call's batch carries the seconds left until its deadline."""
         batch = next(self._ids)
-        frame = self.wire.encode(Batch(batch, name, tuple(messages)))
+        timeout = None
+        if receipt.is_call and receipt.reply_by is not None:
+            timeout = max(receipt.reply_by - trio.current_time(), 0.0)
+        frame = self.wire.encode(Batch(batch, name, tuple(messages), timeout))
         while (
             not self.closed
             and self.inflight_bytes
@@ -95,7 +146,7 @@ class Outgoing:
         if self.closed:
             receipt.settle_range(base, base + len(messages), *_lost(self.peer))
             return
-        self.inflight[batch] = _InFlight(receipt, base, len(messages), len(frame))
+        self.inflight[batch] = _InFlight(receipt, base, len(messages), len(frame), name)
         self.inflight_bytes += len(frame)
         self._out.append(frame)
         self._has_output.unpark_all()
@@ -108,10 +159,43 @@ class Outgoing:
                 self.interest.update(frame.added)
             elif isinstance(frame, Answer):
                 self._answered(frame)
+            elif isinstance(frame, Deliveries | Ended | Committed):
+                self._for_proxy(frame)
             elif isinstance(frame, Hello):
                 _check(frame)
             else:
-                raise WireError("a batch on the answering side of a link")
+                raise WireError(f"{type(frame).__name__} on the answering side of a link")
+
+    # -- subscriptions opened at the other worker ------------------------------------
+    def subscribe(self, request: Subscribe, end: ProxyEnd) -> int:
+        """Open a subscription at the other worker (``request.sub`` is replaced by a
+        number of this link); what it sends goes to ``end``. Returns the number."""
+        sub = next(self._sub_ids)
+        self.subscriptions[sub] = end
+        self.push(dataclasses.replace(request, sub=sub))
+        return sub
+
+    def push(self, frame: Frame) -> None:
+        """Queue a frame of a subscription (nothing once the link broke)."""
+        if isinstance(frame, Unsubscribe):
+            self.subscriptions.pop(frame.sub, None)
+        if not self.closed:
+            self._out.append(self.wire.encode(frame))
+            self._has_output.unpark_all()
+
+    def _for_proxy(self, frame: Deliveries | Ended | Committed) -> None:
+        end = self.subscriptions.get(frame.sub)
+        if end is None:
+            return  # it closed here meanwhile
+        if isinstance(frame, Deliveries):
+            end.delivered(frame.deliveries)
+        elif isinstance(frame, Committed):
+            end.moved(frame.position)
+        else:
+            error = ENDINGS[frame.why](frame.reason)
+            if not isinstance(error, EndOfStream):  # after a finite read's end, acks go on
+                del self.subscriptions[frame.sub]
+            end.ended(error)
 
     def _answered(self, answer: Answer) -> None:
         sent = self.inflight.pop(answer.batch, None)
@@ -119,7 +203,10 @@ class Outgoing:
             return
         self.inflight_bytes -= sent.nbytes
         self._room.unpark_all()
-        _settle(sent, answer.failures)
+        if answer.positions:
+            _settle_stored(sent, answer.failures, answer.positions)
+        else:
+            _settle(sent, answer.failures, answer.reply)
 
     async def take(self) -> list[bytes]:
         """Wait for frames to write, and return them (raises once broken)."""
@@ -138,6 +225,9 @@ class Outgoing:
         self.inflight_bytes = 0
         for sent in inflight.values():
             sent.receipt.settle_range(sent.base, sent.base + sent.count, *_lost(self.peer))
+        ends, self.subscriptions = self.subscriptions, {}
+        for end in ends.values():
+            end.ended(trio.ClosedResourceError(f"the link to worker {self.peer} broke"))
         self._room.unpark_all()
         self._has_output.unpark_all()
 
@@ -151,10 +241,14 @@ def _lost(peer: int) -> tuple[Outcome, str]:
     return Outcome.FAILED, f"the link to worker {peer} broke before it answered"
 
 
-def _settle(sent: _InFlight, failures: Sequence[Failure]) -> None:
-    """Settle the legs of a batch: its failures as answered, the rest delivered."""
+def _settle(sent: _InFlight, failures: Sequence[Failure], reply: Reply | None = None) -> None:
+    """Settle the legs of a batch: its failures as answered, the rest delivered (a
+    call's one message with its reply)."""
     receipt, base = sent.receipt, sent.base
     at = 0
+    if reply is not None and sent.count == 1 and not failures:
+        receipt.settle(base, Outcome.DELIVERED, reply=reply)
+        return
     for f in sorted(failures, key=lambda f: f.index):
         if not at <= f.index < sent.count:
             continue
@@ -164,9 +258,43 @@ def _settle(sent: _InFlight, failures: Sequence[Failure]) -> None:
     receipt.settle_range(base + at, base + sent.count, Outcome.DELIVERED)
 
 
+def _settle_stored(
+    sent: _InFlight, failures: Sequence[Failure], positions: Sequence[Position | None]
+) -> None:
+    """Settle the legs of a batch a log stored: its failures as answered, each run
+    between them as stored at the positions the home answered."""
+    receipt, base = sent.receipt, sent.base
+    failed = {f.index: f for f in failures if 0 <= f.index < sent.count}
+    at = 0
+    for stop in [*sorted(failed), sent.count]:
+        stored = [p for p in positions[at:stop] if p is not None]
+        if stored and len(stored) == stop - at:
+            receipt.settle_stored(base + at, sent.destination, stored)
+        else:
+            receipt.settle_range(base + at, base + stop, Outcome.DELIVERED)
+        f = failed.get(stop)
+        if f is not None:
+            receipt.settle(base + stop, f.outcome, f.reason, reason_code=f.reason_code)
+        at = stop + 1
+
+
 #: What a worker does with a batch another worker forwarded: put it into the
-#: local topic (waiting for room) and return the receipt of that local fan-out.
-Deliver = Callable[[str, list[Message]], Awaitable[Receipt]]
+#: local destination (waiting for room) and return the receipt of that local
+#: fan-out; the third argument is a call's seconds left (None: no call).
+Deliver = Callable[[str, list[Message], float | None], Awaitable[Receipt]]
+#: Opens a subscription here for another worker's proxy (raises as
+#: :meth:`~gateway.core.destination.Destination.subscribe` does).
+OpenHome = Callable[[Subscribe], Subscription]
+
+
+@dataclass(slots=True)
+class _Home:
+    """A subscription opened here for another worker's proxy."""
+
+    sub: Subscription
+    committed: Position | None = None
+    #: A finite read that ended: nothing more to take, but acks still come.
+    ended: bool = False
 
 
 class Incoming:
@@ -178,29 +306,102 @@ class Incoming:
         self.wire = PeerWire()
         self.closed = False
         self.announced: set[str] = set()
+        #: Subscriptions opened here for the other worker's proxies, by its numbers.
+        self.homes: dict[int, _Home] = {}
         self._out: list[bytes] = [self.wire.encode(Hello(VERSION, peers.index))]
         self._has_output = trio.lowlevel.ParkingLot()
 
     async def received(self, data: bytes | bytearray) -> None:
-        """Take bytes from the other worker: put each batch into the local topic (in
-        order, waiting for room there) and answer it once its fan-out settled."""
+        """Take bytes from the other worker: put each batch into the local destination
+        (in order, waiting for room there) and answer it once its fan-out settled;
+        act on the frames of the subscriptions it opened here."""
         for frame in self.wire.receive_data(data):
             if isinstance(frame, Batch):
-                receipt = await self.peers.deliver(frame.destination, list(frame.messages))
-                receipt.add_done_callback(functools.partial(self.answer, frame.batch))
+                receipt = await self.peers.deliver(
+                    frame.destination, list(frame.messages), frame.timeout
+                )
+                answer = functools.partial(self.answer, frame.batch, frame.destination)
+                receipt.add_done_callback(answer)
+            elif isinstance(frame, Subscribe | Grant | Acks | Nack | Respond | Unsubscribe):
+                self._for_home(frame)
             elif isinstance(frame, Hello):
                 _check(frame)
             else:
                 raise WireError(f"{type(frame).__name__} on the batch side of a link")
 
-    def answer(self, batch: int, receipt: Receipt) -> None:
-        """Queue the answer to ``batch`` once its local ``receipt`` settled."""
+    def _for_home(self, frame: Subscribe | Grant | Acks | Nack | Respond | Unsubscribe) -> None:
+        if isinstance(frame, Subscribe):
+            self._open(frame)
+            return
+        home = self.homes.get(frame.sub)
+        if home is None:
+            return  # it ended here meanwhile (the proxy learns it from an Ended frame)
+        sub = home.sub
+        if isinstance(frame, Acks):
+            sub.ack_many(frame.tags)
+        elif isinstance(frame, Grant):
+            sub.grant(frame.n)
+        elif isinstance(frame, Nack):
+            sub.nack(frame.tag, requeue=frame.requeue, outcome=frame.outcome, reason=frame.reason)
+        elif isinstance(frame, Respond):
+            try:
+                sub.reply(frame.tag, frame.reply)
+            except ValueError as e:
+                log.warning("a reply from another worker: %s", e)
+        else:
+            del self.homes[frame.sub]
+            sub.close()
+        self._has_output.unpark_all()
+
+    def _open(self, request: Subscribe) -> None:
+        try:
+            sub = self.peers.open_home(request)
+        except Exception as e:  # refused at home: the proxy raises it at receive
+            self._push(self.wire.encode(Ended(request.sub, ending(e), str(e))))
+            return
+        self.homes[request.sub] = _Home(sub, sub.committed)
+        sub.watch(self._has_output)
+        self._has_output.unpark_all()  # it may have something to deliver already
+
+    def answer(self, batch: int, destination: str, receipt: Receipt) -> None:
+        """Queue the answer to ``batch`` once its local ``receipt`` settled (a call's
+        with its reply, a log's with the positions it stored the messages at)."""
+        if receipt.plain:
+            self._push(self.wire.encode(Answer(batch)))
+            return
+        results = receipt.results()
         failures = tuple(
             Failure(i, r.outcome, r.reason, r.reason_code or Reason.OTHER)
-            for i, r in enumerate(receipt.results())
+            for i, r in enumerate(results)
             if r.outcome is not Outcome.DELIVERED
         )
-        self._push(self.wire.encode(Answer(batch, failures)))
+        positions = tuple(r.positions.get(destination) for r in results)
+        if all(p is None for p in positions):
+            positions = ()
+        self._push(self.wire.encode(Answer(batch, failures, receipt.reply, positions)))
+
+    def _pump(self) -> None:
+        """Queue what the home subscriptions have to deliver (within the credit and
+        unacked bounds the proxies gave them), moved commits, and their ends."""
+        for number, home in list(self.homes.items()):
+            committed = home.sub.committed
+            if committed != home.committed:
+                home.committed = committed
+                self._out.append(self.wire.encode(Committed(number, committed)))
+            if home.ended:
+                continue
+            try:
+                deliveries = home.sub.take()
+            except (trio.ClosedResourceError, EndOfStream) as e:
+                if isinstance(e, EndOfStream):
+                    home.ended = True  # kept until the proxy closes it
+                else:
+                    del self.homes[number]
+                self._out.append(self.wire.encode(Ended(number, ending(e), str(e))))
+                continue
+            if deliveries:
+                name = home.sub.destination
+                self._out.append(self.wire.encode(Deliveries(number, name, _left(deliveries))))
 
     def interest_changed(self) -> None:
         self._has_output.unpark_all()
@@ -221,14 +422,32 @@ class Incoming:
             if added or removed:
                 self.announced = set(wanted)
                 self._out.append(self.wire.encode(Interest(added, removed)))
+            if self.homes:
+                self._pump()
             if self._out:
                 out, self._out = self._out, []
                 return out
             await self._has_output.park()
 
     def broken(self) -> None:
+        """The link is gone: every subscription opened here closes (its unacked
+        deliveries go back to the group)."""
         self.closed = True
+        homes, self.homes = self.homes, {}
+        for home in homes.values():
+            home.sub.close()
         self._has_output.unpark_all()
+
+
+def _left(deliveries: Sequence[Delivery]) -> tuple[Delivery, ...]:
+    """``deliveries`` with a call's ``reply_by`` as seconds left (clocks differ)."""
+    if all(d.reply_by is None for d in deliveries):
+        return tuple(deliveries)
+    now = trio.current_time()
+    return tuple(
+        d if d.reply_by is None else d._replace(reply_by=max(d.reply_by - now, 0.0))
+        for d in deliveries
+    )
 
 
 class Peers:
@@ -244,6 +463,8 @@ class Peers:
         self.incoming: list[Incoming] = []
         #: Puts a forwarded batch into the local topic (the hub sets it when joining).
         self.deliver: Deliver = _no_hub
+        #: Opens a subscription for another worker's proxy (the hub sets it too).
+        self.open_home: OpenHome = _no_home
         #: Batches and messages forwarded to other workers, for the figures.
         self.batches_sent = 0
         self.messages_sent = 0
@@ -272,10 +493,15 @@ class Peers:
         for link in list(self.outgoing.values()):
             if name not in link.interest:
                 continue
-            for lo, hi in _chunks(messages, link.max_bytes):
+            for lo, hi in split_batches(messages, link.max_bytes):
                 await link.send(name, messages[lo:hi], receipt, base + lo)
                 self.batches_sent += 1
             self.messages_sent += len(messages)
+
+    def link(self, peer: int) -> Outgoing | None:
+        """The open link to worker ``peer``, or None while there is none."""
+        link = self.outgoing.get(peer)
+        return None if link is None or link.closed else link
 
     def connected(self, peer: int) -> Outgoing:
         """A new link to worker ``peer`` (one that replaces an older one ends it)."""
@@ -301,11 +527,15 @@ class Peers:
             self.incoming.remove(link)
 
 
-async def _no_hub(name: str, messages: list[Message]) -> Receipt:
+async def _no_hub(name: str, messages: list[Message], timeout: float | None) -> Receipt:
     raise RuntimeError("no hub joined these peers")
 
 
-def _chunks(messages: Sequence[Message], max_bytes: int) -> list[tuple[int, int]]:
+def _no_home(request: Subscribe) -> Subscription:
+    raise LookupError("no hub joined these peers")
+
+
+def split_batches(messages: Sequence[Message], max_bytes: int) -> list[tuple[int, int]]:
     """Split ``messages`` into runs of about half a link's bound, so that one big
     window does not hold a link alone (a message larger goes on its own)."""
     limit = max(1, max_bytes // 2)

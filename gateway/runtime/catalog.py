@@ -4,15 +4,21 @@ fixed-size element streams, and the provider that builds them on first use.
 A destination name that no entry matches is a plain in-memory topic. Entries
 are matched in the order written, by exact name or glob (``*``, ``?``); the
 first match decides.
+
+With ``--workers N`` each stateful destination has one *home* worker
+(:meth:`Catalog.home`): a durable one worker 0 (the only worker that opens the
+store), any other (a queue, a ``retain`` log, a topic with declared groups)
+worker :func:`home_worker` of its name. Every worker computes the same.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from gateway.core.destination import Destination
+from gateway.core.destination import QUEUE_GROUP, Destination, DestinationInfo
 from gateway.core.memory_log import MemoryLog
 from gateway.core.routing import UPSTREAM_PREFIX, compile_glob
 from gateway.core.topic import Topic, TopicLimits
@@ -20,7 +26,13 @@ from gateway.core.topic import Topic, TopicLimits
 if TYPE_CHECKING:
     from gateway.store import Store
 
-__all__ = ["Catalog", "DestinationSpec"]
+__all__ = ["Catalog", "DestinationSpec", "home_worker"]
+
+
+def home_worker(name: str, workers: int) -> int:
+    """The worker, of ``workers``, where the in-memory stateful destination ``name``
+    lives: the CRC-32 of its UTF-8 bytes (:func:`zlib.crc32`) modulo ``workers``."""
+    return zlib.crc32(name.encode()) % workers
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +66,16 @@ class DestinationSpec:
     def is_glob(self) -> bool:
         return "*" in self.name or "?" in self.name
 
+    @property
+    def stateful(self) -> bool:
+        """It keeps state that one process must hold (a queue, a log, named groups)."""
+        return (
+            self.store is not None
+            or self.retain is not None
+            or self.kind != "topic"
+            or bool(self.groups)
+        )
+
 
 class Catalog:
     """A :class:`~gateway.core.destination.DestinationProvider` built from the table."""
@@ -78,6 +100,31 @@ class Catalog:
             if regex.match(name):
                 return spec
         return None
+
+    def home(self, name: str, workers: int) -> int | None:
+        """The worker where ``name`` lives, of ``workers``; None for a plain topic
+        (every worker has its own, forwarding by interest)."""
+        spec = self.spec(name)
+        if spec is None or not spec.stateful:
+            return None
+        if spec.store is not None:
+            return 0
+        return home_worker(name, workers)
+
+    def info(self, name: str) -> DestinationInfo:
+        """What the destination ``name`` is, from its entry alone (as a proxy of it
+        in another worker than its home tells it)."""
+        spec = self.spec(name)
+        if spec is None:
+            return DestinationInfo(name, "topic")
+        log = spec.store is not None or spec.retain is not None
+        return DestinationInfo(
+            name,
+            "log" if log else spec.kind,
+            spec.element_size,
+            positions=log,
+            queue_group=QUEUE_GROUP if spec.kind == "queue" else None,
+        )
 
     def open(self, name: str) -> Destination | None:
         spec = self.spec(name)

@@ -46,9 +46,11 @@ import trio
 from gateway import __version__
 from gateway.config.loader import Config, load
 from gateway.core.budget import MemoryBudget
+from gateway.core.destination import DestinationProvider
 from gateway.core.facade import HubFacade
 from gateway.core.hub import Hub
 from gateway.core.peers import Peers
+from gateway.core.remote import RemoteProvider
 from gateway.core.routing import Router
 from gateway.core.topic import TopicLimits
 from gateway.ops.admin import Admin
@@ -98,8 +100,10 @@ class Gateway:
         limits = config.gateway.limits
         #: Bytes held across destinations and connections ([gateway] memory_budget).
         self.budget = MemoryBudget(limits.memory_budget)
+        #: With ``--workers N``: this worker's index and every worker's link path.
+        self._linked = take_peers()
         #: The ``[[destinations]]`` table, and the hub whose destinations it makes.
-        self.catalog, self.hub = _hub(config, self.budget)
+        self.catalog, self.hub = _hub(config, self.budget, self._linked)
         #: The hub as protocols see it.
         self.facade = HubFacade(self.hub)
         #: This gateway's own instance of every protocol its config uses, by name.
@@ -205,7 +209,10 @@ class Gateway:
 
     @property
     def needs_store(self) -> bool:
-        """A durable destination is configured, or a listener's protocol stores segments."""
+        """A durable destination is configured, or a listener's protocol stores segments;
+        only worker 0 of several opens the store (durable destinations live there)."""
+        if self._linked is not None and self._linked[0] != 0:
+            return False
         return any(s.store for s in self.config.destinations) or any(
             self.plugins[ls.protocol].needs_store for ls in self.config.listeners
         )
@@ -251,14 +258,11 @@ class Gateway:
             self.hub.close()
 
     async def _link_workers(self, nursery: trio.Nursery) -> None:
-        """A worker of several: in-memory topics forward to the other workers."""
-        linked = take_peers()
-        if linked is None:
+        """A worker of several: in-memory topics forward to the other workers, and
+        stateful destinations are reached at their homes."""
+        if self._linked is None or self.hub.peers is None:
             return
-        index, paths = linked
-        peers = Peers(index)
-        self.hub.join(peers)
-        await nursery.start(serve_peers, peers, paths)
+        await nursery.start(serve_peers, self.hub.peers, self._linked[1])
 
     def _plugin_env(self, nursery: trio.Nursery) -> Callable[[str], PluginEnv]:
         """What each plugin's ``setup`` gets, by plugin name."""
@@ -420,17 +424,32 @@ class Gateway:
         self._work.start_soon(fn, *args)
 
 
-def _hub(config: Config, budget: MemoryBudget) -> tuple[Catalog, Hub]:
-    """The catalog of ``config``'s destinations and the hub it provides them to."""
+def _hub(
+    config: Config, budget: MemoryBudget, linked: tuple[int, list[str]] | None = None
+) -> tuple[Catalog, Hub]:
+    """The catalog of ``config``'s destinations and the hub it provides them to; a
+    worker of several (``linked``: its index, every worker's link path) joins its
+    peers, and reaches the stateful destinations homed elsewhere through proxies."""
     limits = config.gateway.limits
     catalog = Catalog(
         config.destinations, TopicLimits(limits.buffer_bytes, limits.buffer_messages, budget)
     )
+    providers: list[DestinationProvider] = [catalog]
+    peers = None
+    if linked is not None:
+        index, paths = linked
+        peers = Peers(index)
+        workers = len(paths)
+        providers.insert(
+            0, RemoteProvider(peers, lambda name: catalog.home(name, workers), catalog.info)
+        )
     hub = Hub(
         Router(config.routes),
         limits,
-        providers=[catalog],
+        providers=providers,
         upstreams=[u.name for u in config.upstreams],
         budget=budget,
     )
+    if peers is not None:
+        hub.join(peers)
     return catalog, hub

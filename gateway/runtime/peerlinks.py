@@ -3,10 +3,10 @@
 Each worker listens on one unix socket of its own (the supervisor picks the
 paths, one per worker, in a private directory) and dials every other
 worker's: N workers make N(N-1) connections, each carrying one direction of
-forwarding (the dialling worker's batches; the accepting worker's answers
-and interest). A link that breaks fails what it had in flight and is dialled
-again, with a growing delay, until the other worker (or its replacement,
-after a restart) accepts.
+forwarding (the dialling worker's batches and its proxies' subscription
+requests; the accepting worker's answers, interest and deliveries). A link
+that breaks fails what it had in flight and is dialled again, with a growing
+delay, until the other worker (or its replacement, after a restart) accepts.
 """
 
 from __future__ import annotations
