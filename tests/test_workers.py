@@ -320,18 +320,6 @@ def test_a_relay_config_is_accepted_and_auto_is_the_usable_cores() -> None:
     ("extra", "expected"),
     [
         (
-            {"destinations": [{"name": "jobs", "kind": "queue"}]},
-            "gw.toml: destinations[0]: destination 'jobs' is an in-memory queue",
-        ),
-        (
-            {"destinations": [{"name": "audit", "retain": "1MiB"}]},
-            "gw.toml: destinations[0]: destination 'audit' is an in-memory log",
-        ),
-        (
-            {"destinations": [{"name": "audit", "groups": ["billing"]}]},
-            "gw.toml: destinations[0]: destination 'audit' is a topic with named groups",
-        ),
-        (
             {
                 "upstreams": [
                     {
@@ -363,7 +351,7 @@ def test_state_that_workers_would_split_is_refused(extra: dict[str, object], exp
     with pytest.raises(ConfigError) as refused:
         parse(_relay(**extra), source="gw.toml")
     assert any(e.startswith(expected) for e in refused.value.errors), refused.value.errors
-    assert "queues, logs, durable destinations and named groups do not" in str(refused.value)
+    assert "does not work across workers yet" in str(refused.value)
 
 
 def test_in_memory_topics_are_accepted_with_workers() -> None:
@@ -394,17 +382,18 @@ def test_bad_worker_counts_name_the_key() -> None:
 
 
 def test_run_workers_refuses_what_the_config_cannot_split(tmp_path: Path) -> None:
-    """``--workers 2`` on a config that keeps a queue: refused before anything binds."""
+    """``--workers 2`` on a config whose upstream subscribes: refused before anything binds."""
     path = tmp_path / "gw.toml"
     path.write_text(
         '[[listeners]]\nname = "nd"\nprotocol = "ndjson"\nbind = "127.0.0.1:0"\n'
-        '[[destinations]]\nname = "jobs"\nkind = "queue"\n'
+        '[[upstreams]]\nname = "sink"\nprotocol = "micromessage"\nconnect = "127.0.0.1:9"\n'
+        '[[upstreams.subscribe]]\ndestination = "alerts"\n'
     )
     done = subprocess.run(
         [*GATEWAY, "run", str(path), "--workers", "2"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 1
-    assert f"{path}: destinations[0]: destination 'jobs' is an in-memory queue" in done.stderr
+    assert f"{path}: upstreams[0].subscribe: every worker would subscribe" in done.stderr
 
 
 # -- the transports' adopt -----------------------------------------------------------
