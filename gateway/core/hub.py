@@ -22,7 +22,7 @@ import logging
 import math
 import operator
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 import trio
 
@@ -145,7 +145,7 @@ class Hub:
             queue = name.startswith(UPSTREAM_PREFIX)
             d = Topic(name, self._topic_limits, kind="queue" if queue else "topic")
         self._destinations[name] = d
-        if self.peers is not None and type(d) is Topic and d.kind == "topic":
+        if self.peers is not None and _forwarded_to(d):
             self.peers.watch(d)
         return d
 
@@ -157,7 +157,7 @@ class Hub:
         peers.deliver = self._accept_forwarded
         peers.open_home = self._open_home
         for d in self._destinations.values():
-            if type(d) is Topic and d.kind == "topic":
+            if _forwarded_to(d):
                 peers.watch(d)
 
     def _open_home(self, request: Subscribe) -> Subscription:
@@ -187,7 +187,10 @@ class Hub:
         else:
             receipt = Receipt(len(messages))
         try:
-            await self.destination(name).put_many(messages, receipt, 0)
+            dest = self.destination(name)
+            await dest.put_many(messages, receipt, 0)
+            if _forwarded_to(dest):
+                dest.forwarded_in += len(messages)
         except LookupError as e:
             code = e.code if isinstance(e, NoDestination) else Reason.UNAVAILABLE
             receipt.add_legs(len(messages))
@@ -410,3 +413,9 @@ class Hub:
         self._closed = True
         for d in self._destinations.values():
             d.close()
+
+
+def _forwarded_to(d: Destination) -> TypeGuard[Topic]:
+    """Whether ``d`` is a plain in-memory topic, which every worker has and the
+    others forward to by interest; anything stateful has one home instead."""
+    return type(d) is Topic and d.kind == "topic" and not d.declared_groups

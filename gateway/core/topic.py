@@ -326,6 +326,10 @@ class Topic(Destination):
         self.received = 0
         self.delivered = 0
         self.acked = 0
+        #: Of ``received``, the copies another worker forwarded (``--workers N``):
+        #: the figures leave them out, so that summing the workers counts each
+        #: message once, in the worker it was published in.
+        self.forwarded_in = 0
         #: Groups with a filter (none: the batch fast path applies).
         self._filtering = 0
         #: Told ``(name, True)`` when the first group comes and ``(name, False)`` when
@@ -336,6 +340,9 @@ class Topic(Destination):
         )
         if kind == "queue":
             self._group(QUEUE_GROUP, anonymous=False)
+        #: Groups its config entry declares: such a topic has one home worker
+        #: with ``--workers N`` rather than a copy in every worker.
+        self.declared_groups = tuple(groups)
         for group in groups:
             self.declare_group(group)
 
@@ -731,7 +738,7 @@ class Topic(Destination):
         kept, kept_bytes = self._backlog.queued(), self._backlog.used_bytes
         return DestinationFigures(
             self.kind,
-            received=self.received,
+            received=self.received - self.forwarded_in,
             delivered=self.delivered,
             acked=self.acked,
             backlog=sum(g.backlog for g in groups) + kept,
