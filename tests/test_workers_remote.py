@@ -43,7 +43,7 @@ from gateway.core.peerwire import (
     Unsubscribe,
 )
 from gateway.core.reasons import Reason
-from gateway.core.remote import RemoteDestination, RemoteProvider
+from gateway.core.remote import LINK_WAIT, RemoteDestination, RemoteProvider
 from gateway.core.topic import TopicLimits
 from gateway.runtime.catalog import Catalog, DestinationSpec, home_worker
 from gateway.runtime.peerlinks import drive_incoming, drive_outgoing
@@ -288,7 +288,9 @@ async def test_credit_bounds_what_the_home_pushes() -> None:
         assert [d.message.body for d in await receive_now(consumer)] == [b"2", b"3", b"4"]
 
 
-async def test_a_broken_link_fails_the_publishers_legs_and_closes_the_home_subscription() -> None:
+async def test_a_broken_link_fails_the_publishers_legs_and_closes_the_home_subscription(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     q = homed_at(1, 3, "q.")
     async with mesh(3) as w:
         a, b, c = w.hubs
@@ -311,11 +313,41 @@ async def test_a_broken_link_fails_the_publishers_legs_and_closes_the_home_subsc
         (again,) = await receive_now(local)
         assert again.message.body == b"x"
         assert again.redelivered
-        # No link to the home: a publish fails at once instead of waiting.
+        # No link to the home: a publish waits LINK_WAIT seconds for one, then fails.
+        began = trio.current_time()
         failed = await a.publish([Message(q, b"y")])
         assert failed.outcome is Outcome.FAILED
+        assert "within 5s" in failed.result(0).reason
+        assert trio.current_time() - began == pytest.approx(LINK_WAIT)
         with pytest.raises(trio.ClosedResourceError, match="no link to worker 1"):
             await receive_now(a.subscribe(q))
+
+
+async def test_a_publish_before_the_link_is_up_waits_for_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    q = homed_at(1, 2, "q.")
+    async with mesh(2) as w, trio.open_nursery() as nursery:
+        a, b = w.hubs
+        consumer = b.subscribe(q)
+        w.cut(0, 1)
+        await settle()
+        assert w.peers[0].link(1) is None
+        published = start(nursery, a.publish, [Message(q, b"early")])
+        await trio.sleep(LINK_WAIT / 2)
+        assert not published.done, "the publish did not wait for the link"
+        w.links[0, 1] = trio.CancelScope()
+        dialled, accepted = trio.testing.memory_stream_pair()
+        nursery.start_soon(drive_outgoing, w.peers[0], 1, dialled)
+        nursery.start_soon(drive_incoming, w.peers[1], accepted)
+        await settle()
+        assert published.done
+        (got,) = await receive_now(consumer)
+        assert got.message.body == b"early"
+        consumer.ack(got.tag)
+        await settle()
+        assert published.result.outcome is Outcome.DELIVERED
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_named_group_with_members_on_two_workers_gets_one_copy_of_each() -> None:

@@ -468,6 +468,7 @@ class Peers:
         #: Batches and messages forwarded to other workers, for the figures.
         self.batches_sent = 0
         self.messages_sent = 0
+        self._linked = trio.lowlevel.ParkingLot()
 
     # -- interest ------------------------------------------------------------------
     def watch(self, topic: Topic) -> None:
@@ -509,7 +510,17 @@ class Peers:
         if old is not None:
             old.broken()
         link = self.outgoing[peer] = Outgoing(self.index, peer, self.max_link_bytes)
+        self._linked.unpark_all()
         return link
+
+    async def wait_link(self, peer: int, timeout: float) -> Outgoing | None:
+        """The link to worker ``peer``, waiting up to ``timeout`` seconds for one while
+        there is none (the workers are starting, or ``peer`` is being restarted)."""
+        with trio.move_on_after(timeout):
+            while (link := self.link(peer)) is None:
+                await self._linked.park()
+            return link
+        return None
 
     def disconnected(self, link: Outgoing) -> None:
         link.broken()

@@ -50,7 +50,12 @@ from gateway.core.receipts import Receipt
 if TYPE_CHECKING:
     from gateway.core.filters import Filter
 
-__all__ = ["RemoteDestination", "RemoteProvider", "RemoteSubscription"]
+__all__ = ["LINK_WAIT", "RemoteDestination", "RemoteProvider", "RemoteSubscription"]
+
+#: Seconds a publish to a destination whose home has no link waits for one (the
+#: workers are starting, or the home is being restarted) before its messages fail
+#: and the sender resends.
+LINK_WAIT = 5.0
 
 
 class RemoteProvider:
@@ -101,15 +106,16 @@ class RemoteDestination(Destination):
 
     async def put_many(self, messages: Sequence[Message], receipt: Receipt, base: int = 0) -> None:
         """Send ``messages`` to the home (waiting while the link is full); their legs
-        settle when it answers, or fail when there is no link or it breaks first."""
-        link = self.peers.link(self.home)
+        settle when it answers, or fail when it breaks first, or when there is no link
+        within :data:`LINK_WAIT` seconds."""
+        link = self.peers.link(self.home) or await self.peers.wait_link(self.home, LINK_WAIT)
         if link is None:
             receipt.add_legs(len(messages))
             receipt.settle_range(
                 base,
                 base + len(messages),
                 Outcome.FAILED,
-                f"no link to worker {self.home}, the home of {self.name!r}",
+                f"no link to worker {self.home}, the home of {self.name!r}, within {LINK_WAIT:g}s",
                 reason_code=Reason.UNAVAILABLE,
             )
             return
