@@ -100,10 +100,13 @@ def _workers(args: argparse.Namespace, config: Config) -> int:
 
 def _run_worker(spec_text: str, config: Config) -> int:
     """``--worker SPEC``: serve the supervisor's sockets as one normal gateway."""
-    from gateway.runtime.worker import WorkerSpec, adopt
+    from gateway.runtime.worker import WorkerSpec, adopt, pinned_elsewhere
 
     spec = WorkerSpec.decode(spec_text)
     adopt(spec)
+    elsewhere = pinned_elsewhere(spec)
+    if elsewhere:  # pinned to another worker: not served (nor set up) here
+        config.listeners = [ls for ls in config.listeners if ls.name not in elsewhere]
     log.info("worker %d (pid %d) starting", spec.index, os.getpid())
     return _run_gateway(config, parent=spec.parent)
 
@@ -240,13 +243,15 @@ def _about_data_dir(config: Config, error: BaseException) -> str | None:
 
 
 async def _run(gateway: Gateway, parent: int | None = None) -> None:
+    from gateway.runtime.worker import report_ready, watch_parent
+
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, gateway, nursery.cancel_scope)
         if parent is not None:
-            from gateway.runtime.worker import watch_parent
-
             nursery.start_soon(watch_parent, parent, gateway.shutdown)
-        await gateway.run()
+        async with trio.open_nursery() as serving:
+            await serving.start(gateway.run)
+            report_ready()  # a worker tells its supervisor it serves (else nothing)
         nursery.cancel_scope.cancel()
 
 
