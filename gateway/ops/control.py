@@ -192,6 +192,7 @@ async def _feed_tap(
     taps: Tappable, tap: Tap, out: trio.SocketStream, fmt: Literal["json", "pretty"]
 ) -> None:
     """Write ``tap``'s lines to ``out`` until the supervisor closes its end."""
+    log.info("tap on %r for the supervisor: started", tap.pattern)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_until_closed, out, nursery.cancel_scope)
@@ -201,6 +202,7 @@ async def _feed_tap(
     finally:
         taps.untap(tap)
         await trio.aclose_forcefully(out)
+        log.info("tap on %r ended (%d seen, %d dropped)", tap.pattern, tap.seen, tap.dropped)
 
 
 async def _until_closed(out: trio.SocketStream, scope: trio.CancelScope) -> None:

@@ -1,0 +1,180 @@
+"""Rolling replacement of the workers of ``gateway run --workers 2`` (SIGUSR2), end to end.
+
+Each worker holds a publisher whose message waits for a subscriber's ack on
+the same worker (work in flight). SIGUSR2 replaces the workers one at a time:
+a new worker starts on the same sockets, says it serves, then the old one
+drains: its publisher is answered once the subscriber acks, and both its
+connections are closed by the gateway. Connections opened all along are
+served (the listening socket never closes), and the status shows two workers
+with new pids. Which worker holds a connection is read from ``/proc``.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+from interchange_ndjson.client import NdjsonClient
+from test_admin import _get
+from test_workers import STARTUP, Supervised, connections_of, supervised
+from waits import until
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+#: How long a draining worker's publisher is watched for an early answer.
+EARLY = 0.3
+
+
+def replace_config(tmp_path: Path) -> Path:
+    path = tmp_path / "replace.toml"
+    path.write_text(
+        '[gateway]\ndrain_timeout = "10s"\n'
+        '[[listeners]]\nname = "nd"\nprotocol = "ndjson"\nbind = "127.0.0.1:0"\n'
+        '[admin]\nbind = "127.0.0.1:0"\n'
+    )
+    return path
+
+
+async def on_worker(port: int, pid: int, pids: dict[int, int]) -> NdjsonClient:
+    """A connection held by worker process ``pid`` (others it took are closed)."""
+    extra: list[NdjsonClient] = []
+    with trio.fail_after(STARTUP):
+        while True:
+            before = {p: connections_of(p, port) for p in pids.values()}
+            client = await NdjsonClient.connect("127.0.0.1", port)
+            while {p: connections_of(p, port) for p in pids.values()} == before:
+                await trio.sleep(0.01)  # the kernel queue: wait until a worker accepted
+            if connections_of(pid, port) > before[pid]:
+                break
+            extra.append(client)
+    for other in extra:
+        await other.aclose()
+    return client
+
+
+async def closed_by_gateway(client: NdjsonClient) -> bool:
+    """Whether the gateway closed ``client``'s connection (it receives nothing more)."""
+    try:
+        await client.receive()
+    except trio.BrokenResourceError:
+        return True
+    return False
+
+
+async def keep_connecting(port: int, served: list[int], stop: trio.Event) -> None:
+    """Open a connection and publish once, again and again, until ``stop``: each must be
+    answered (a refused or unanswered connection fails the test)."""
+    n = 0
+    while not stop.is_set():
+        with trio.fail_after(STARTUP):
+            async with await NdjsonClient.connect("127.0.0.1", port) as client:
+                (answer,) = await client.wait_answers(
+                    await client.publish_nowait([b"probe %d" % n], "nobody")
+                )
+        assert answer.status, answer  # answered: served
+        served.append(n)
+        n += 1
+        await trio.sleep(0.02)
+
+
+async def test_sigusr2_replaces_the_workers_one_at_a_time_refusing_nothing(
+    tmp_path: Path,
+) -> None:
+    async with supervised(replace_config(tmp_path)) as run:
+        admin = (await run.wait_for(r"admin: status page and /api/status on (\S+)"))[0][1]
+        old = run.worker_pids()
+        await run.wait_for(r"linked to worker \d", 2)
+        held: dict[int, tuple[NdjsonClient, NdjsonClient]] = {}
+        for index, pid in sorted(old.items()):
+            publisher = await on_worker(run.port, pid, old)
+            subscriber = await on_worker(run.port, pid, old)
+            held[index] = (publisher, subscriber)
+        # Work in flight on each worker: a publish its subscriber has not acked.
+        pending: dict[int, list[int]] = {}
+        tags: dict[int, int] = {}
+        for index, (publisher, subscriber) in held.items():
+            await subscriber.subscribe(f"t{index}", window=10)
+            with trio.fail_after(STARTUP):
+                while True:  # the subscription is in place when its first delivery comes
+                    ids = await publisher.publish_nowait([b"in flight %d" % index], f"t{index}")
+                    with trio.move_on_after(0.2):
+                        tags[index] = (await subscriber.receive()).tag  # type: ignore[union-attr]
+                        pending[index] = ids
+                        break
+                    await publisher.wait_answers(ids)
+
+        served: list[int] = []
+        done = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(keep_connecting, run.port, served, done)
+            run.process.send_signal(signal.SIGUSR2)
+            for index, (publisher, subscriber) in sorted(held.items()):
+                await run.wait_for(r"worker \d \(pid \d+\) serves", index + 1)
+                await run.wait_for(r"shutting down: no new connections", index + 1)
+                # The old worker drains: its in-flight publish settles once acked.
+                with trio.move_on_after(EARLY):
+                    await publisher.wait_answers(pending[index])
+                    raise AssertionError("answered before the subscriber acked")
+                await subscriber.ack(tags[index])
+                with trio.fail_after(STARTUP):
+                    (answer,) = await publisher.wait_answers(pending[index])
+                assert answer.status == "delivered"
+                with trio.fail_after(STARTUP):
+                    assert await closed_by_gateway(publisher)
+                    assert await closed_by_gateway(subscriber)
+                gone = rf"worker {index} \(pid {old[index]}\) replaced: exited with status 0"
+                await run.wait_for(gone)
+            await run.wait_for(r"replacement done: ")
+            done.set()
+        assert len(served) > 1, "no connection was opened during the replacement"
+
+        new = run.worker_pids()
+        assert set(new) == {0, 1}
+        assert not set(new.values()) & set(old.values())
+        status = await _status(run, admin)
+        assert [(w["index"], w["pid"], w["running"]) for w in status["workers"]] == [
+            (0, new[0], True),
+            (1, new[1], True),
+        ]
+        assert status["ready"], status["not_ready"]
+        # The new workers serve and link to each other.
+        await _served_by_both(run, new)
+        run.process.send_signal(signal.SIGTERM)
+        with trio.fail_after(STARTUP):
+            assert await run.process.wait() == 0, "\n".join(run.lines)
+
+
+async def _status(run: Supervised, admin: str) -> dict[str, object]:
+    reply = await trio.to_thread.run_sync(_get, admin, "/api/status")
+    assert reply.status == 200
+    return reply.json()  # type: ignore[no-any-return]
+
+
+async def _served_by_both(run: Supervised, pids: dict[int, int]) -> None:
+    for pid in pids.values():
+        client = await on_worker(run.port, pid, pids)
+        async with client:
+            (answer,) = await client.wait_answers(await client.publish_nowait([b"x"], "x"))
+            assert answer.status
+
+
+async def test_post_api_reload_replace_replaces_every_worker(tmp_path: Path) -> None:
+    """The admin endpoint's replacement answers with each worker's old and new pid."""
+    async with supervised(replace_config(tmp_path)) as run:
+        admin = (await run.wait_for(r"admin: status page and /api/status on (\S+)"))[0][1]
+        old = run.worker_pids()
+        reply = await trio.to_thread.run_sync(_get, admin, "/api/reload?replace=1", "POST")
+        answer = reply.json()
+        assert answer["replaced"], answer
+        workers = answer["workers"]
+        pairs = [(w["index"], w["old_pid"], w["replaced"], w["old_status"]) for w in workers]
+        assert pairs == [(0, old[0], True, 0), (1, old[1], True, 0)]
+        await until(lambda: set(run.worker_pids().values()) == {w["pid"] for w in workers})
+        status = await _status(run, admin)
+        assert [w["pid"] for w in status["workers"]] == [w["pid"] for w in answer["workers"]]
+        run.process.send_signal(signal.SIGTERM)
+        with trio.fail_after(STARTUP):
+            assert await run.process.wait() == 0, "\n".join(run.lines)
