@@ -9,6 +9,7 @@ and the supervisor's status and metrics sum them exactly.
 
 from __future__ import annotations
 
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from test_admin import _get
 from test_workers import (
+    STARTUP,
     _connect_at_once,
     _publish_on,
     connections_of,
@@ -28,6 +30,7 @@ from test_workers import (
     sink_gateway,
     supervised,
 )
+from test_workers_replace import on_worker
 from waits import until
 
 from gateway.core.destination import DestinationFigures, GroupFigures
@@ -45,6 +48,7 @@ from gateway.ops.view import (
     ListenerView,
     UpstreamView,
 )
+from gateway.runtime.supervisor import KILL_GRACE
 
 # -- merge ---------------------------------------------------------------------------
 
@@ -336,3 +340,36 @@ async def _spread_over(port: int, pids: dict[int, int]) -> list[Any]:
         if all(spread.values()):
             return clients
     raise AssertionError(f"one worker served every connection: {spread}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+async def test_sigterm_drains_within_drain_timeout_and_the_status_says_what_was_abandoned(
+    tmp_path: Path,
+) -> None:
+    """A publish its subscriber never acks is still in flight at SIGTERM: every worker
+    drains within ``drain_timeout`` (1 s), the one holding it abandons it, and the
+    supervisor exits 3 well before its kill grace; with nothing in flight, 0."""
+    path = tmp_path / "abandon.toml"
+    path.write_text(
+        '[gateway]\ndrain_timeout = "1s"\n'
+        '[[listeners]]\nname = "nd"\nprotocol = "ndjson"\nbind = "127.0.0.1:0"\n'
+    )
+    async with supervised(path) as run:
+        pids = run.worker_pids()
+        publisher = await on_worker(run.port, pids[1], pids)
+        subscriber = await on_worker(run.port, pids[1], pids)
+        await subscriber.subscribe("news", window=10)
+        await publisher.publish_nowait([b"never acked"], "news")
+        with trio.fail_after(STARTUP):
+            await subscriber.receive()
+        run.process.send_signal(signal.SIGTERM)
+        started = trio.current_time()
+        with trio.fail_after(STARTUP):
+            status = await run.process.wait()
+        took = trio.current_time() - started
+        assert status == 3, "\n".join(run.lines)
+        assert took < 1.0 + KILL_GRACE, took
+        assert run.matches(r"\[worker 1\] .*1 publishes still unsettled after 1s")
+        assert run.matches(r"worker 1 \(pid \d+\) exited with status 3$")
+        assert run.matches(r"worker 0 \(pid \d+\) exited with status 0$")
+        assert not run.matches(r"did not exit within drain_timeout")
