@@ -11,16 +11,21 @@ with new pids. Which worker holds a connection is read from ``/proc``.
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 from pathlib import Path
 
 import pytest
 import trio
+from harness import start
 from interchange_ndjson.client import NdjsonClient
 from test_admin import _get
 from test_workers import STARTUP, Supervised, connections_of, supervised
 from waits import until
+
+from gateway.config.loader import Config, load, parse
+from gateway.runtime.supervisor import Supervisor, default_command
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -178,3 +183,95 @@ async def test_post_api_reload_replace_replaces_every_worker(tmp_path: Path) -> 
         run.process.send_signal(signal.SIGTERM)
         with trio.fail_after(STARTUP):
             assert await run.process.wait() == 0, "\n".join(run.lines)
+
+
+# -- listeners pinned to worker 0, the store's worker drains first -------------------
+
+#: A stand-in worker: reports ready at once, logs its life to a file, exits 0 on SIGTERM.
+STAND_IN = """
+import json, os, signal, sys, time
+spec = json.loads(sys.argv[2])
+log = open(sys.argv[1], "a", buffering=1)
+def bye(*_):
+    log.write(f"exit {spec['index']} {os.getpid()}\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, bye)
+given = {name: entry["fds"] for name, entry in spec["listeners"].items()}
+log.write(f"start {spec['index']} {os.getpid()} {json.dumps(given)}\\n")
+os.write(spec["ready"], b"ready\\n")
+while True:
+    time.sleep(1)
+"""
+
+
+def pinned_config(tmp_path: Path) -> Config:
+    """An ndjson listener and a segment listener (the loader's refusal with workers > 1
+    is the CLI's: the supervisor is given the config directly)."""
+    return parse(
+        {
+            "gateway": {"drain_timeout": "2s", "data_dir": str(tmp_path / "data")},
+            "listeners": [
+                {"name": "nd", "protocol": "ndjson", "bind": "127.0.0.1:0"},
+                {"name": "seg", "protocol": "segment", "bind": "127.0.0.1:0"},
+            ],
+        },
+        source="<test>",
+    )
+
+
+async def test_segment_listeners_reach_worker_0_only_and_it_drains_before_its_replacement(
+    tmp_path: Path,
+) -> None:
+    """Worker 0 alone gets the segment listener's sockets; replacing it stops it first
+    (one process holds the store), while worker 1's replacement starts first."""
+    life = tmp_path / "life.txt"
+    supervisor = Supervisor(
+        pinned_config(tmp_path),
+        2,
+        lambda spec: [sys.executable, "-c", STAND_IN, str(life), spec.encode()],
+    )
+    assert supervisor.pinned("seg")
+    assert not supervisor.pinned("nd")
+    async with trio.open_nursery() as nursery:
+        finished = start(nursery, supervisor.run)
+        await until(lambda: life.exists() and life.read_text().count("start") == 2)
+        old = {s.index: s.process.pid for s in supervisor.slots if s.process is not None}
+        results = await supervisor.replace()
+        assert [(r["index"], r["replaced"]) for r in results] == [(0, True), (1, True)]
+        supervisor.stop()
+        assert await finished.wait() == 0
+    events = [line.split(" ", 3) for line in life.read_text().splitlines()]
+    given = {int(e[2]): json.loads(e[3]) for e in events if e[0] == "start"}
+    assert {name: bool(fds) for name, fds in given[old[0]].items()} == {"nd": True, "seg": True}
+    assert {name: bool(fds) for name, fds in given[old[1]].items()} == {"nd": True, "seg": False}
+    order = [(e[0], int(e[1]), int(e[2])) for e in events]
+    new = {r["index"]: r["pid"] for r in results}
+    # Worker 0: the old one exits, then the new one starts. Worker 1: the other way.
+    assert order.index(("exit", 0, old[0])) < order.index(("start", 0, new[0]))
+    assert order.index(("start", 1, new[1])) < order.index(("exit", 1, old[1]))
+
+
+async def test_every_segment_connection_lands_on_worker_0(tmp_path: Path) -> None:
+    """Real workers: the segment port reaches worker 0 only; the ndjson port both."""
+    path = tmp_path / "pinned.toml"
+    path.write_text(
+        f'[gateway]\ndrain_timeout = "2s"\ndata_dir = "{tmp_path / "data"}"\n'
+        '[[listeners]]\nname = "nd"\nprotocol = "ndjson"\nbind = "127.0.0.1:0"\n'
+        '[[listeners]]\nname = "seg"\nprotocol = "segment"\nbind = "127.0.0.1:0"\n'
+    )
+    supervisor = Supervisor(load(path), 2, default_command(str(path)))
+    async with trio.open_nursery() as nursery:
+        finished = start(nursery, supervisor.run)
+        await until(lambda: len(supervisor.pids) == 2 and bool(supervisor.sockets))
+        port = supervisor.sockets["seg"][0].getsockname()[1]
+        pids = {s.index: s.process.pid for s in supervisor.slots if s.process is not None}
+        streams = []
+        with trio.fail_after(STARTUP):
+            for n in range(1, 17):
+                streams.append(await trio.open_tcp_stream("127.0.0.1", port))
+                await until(lambda n=n: connections_of(pids[0], port) == n)  # type: ignore[misc]
+        assert connections_of(pids[1], port) == 0
+        for stream in streams:
+            await stream.aclose()
+        supervisor.stop()
+        assert await finished.wait() == 0
