@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -104,11 +104,8 @@ def _run_worker(spec_text: str, config: Config) -> int:
 
     spec = WorkerSpec.decode(spec_text)
     adopt(spec)
-    elsewhere = pinned_elsewhere(spec)
-    if elsewhere:  # pinned to another worker: not served (nor set up) here
-        config.listeners = [ls for ls in config.listeners if ls.name not in elsewhere]
     log.info("worker %d (pid %d) starting", spec.index, os.getpid())
-    return _run_gateway(config, parent=spec.parent)
+    return _run_gateway(config, parent=spec.parent, elsewhere=pinned_elsewhere(spec))
 
 
 def _supervise(args: argparse.Namespace, config: Config, workers: int) -> int:
@@ -133,14 +130,17 @@ def _supervise(args: argparse.Namespace, config: Config, workers: int) -> int:
         return 1
 
 
-def _run_gateway(config: Config, parent: int | None = None) -> int:
-    """Run one gateway in this process until it stops; return the exit status."""
+def _run_gateway(config: Config, parent: int | None = None, elsewhere: Collection[str] = ()) -> int:
+    """Run one gateway in this process until it stops; return the exit status. A worker
+    leaves out the listeners another worker serves (``elsewhere``)."""
     from gateway.runtime.collector import tune_collector
     from gateway.runtime.gateway import Gateway
+    from gateway.runtime.worker import worker_gateway
 
     gateway: Gateway | None = None
     try:
-        gateway = Gateway(config)  # loads the protocol plugins: may fail to start too
+        # Loads the protocol plugins: may fail to start too.
+        gateway = worker_gateway(config, elsewhere) if elsewhere else Gateway(config)
         tune_collector()
         trio.run(_run, gateway, parent)
     except BaseExceptionGroup as eg:

@@ -252,12 +252,14 @@ async def test_segment_listeners_reach_worker_0_only_and_it_drains_before_its_re
 
 
 async def test_every_segment_connection_lands_on_worker_0(tmp_path: Path) -> None:
-    """Real workers: the segment port reaches worker 0 only; the ndjson port both."""
+    """Real workers: the segment port reaches worker 0 only; worker 1 reloads without
+    it (it opens no store)."""
     path = tmp_path / "pinned.toml"
     path.write_text(
         f'[gateway]\ndrain_timeout = "2s"\ndata_dir = "{tmp_path / "data"}"\n'
         '[[listeners]]\nname = "nd"\nprotocol = "ndjson"\nbind = "127.0.0.1:0"\n'
         '[[listeners]]\nname = "seg"\nprotocol = "segment"\nbind = "127.0.0.1:0"\n'
+        '[admin]\nbind = "127.0.0.1:0"\n'
     )
     supervisor = Supervisor(load(path), 2, default_command(str(path)))
     async with trio.open_nursery() as nursery:
@@ -271,6 +273,9 @@ async def test_every_segment_connection_lands_on_worker_0(tmp_path: Path) -> Non
                 streams.append(await trio.open_tcp_stream("127.0.0.1", port))
                 await until(lambda n=n: connections_of(pids[0], port) == n)  # type: ignore[misc]
         assert connections_of(pids[1], port) == 0
+        # Worker 1 leaves the segment listener out of every config it reads.
+        reloads = await supervisor.ask("admin", "reload", STARTUP)
+        assert [json.loads(a.body or b"{}").get("reloaded") for a in reloads] == [True, True]
         for stream in streams:
             await stream.aclose()
         supervisor.stop()
