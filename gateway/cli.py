@@ -135,7 +135,6 @@ def _run_gateway(config: Config, parent: int | None = None, elsewhere: Collectio
     leaves out the listeners another worker serves (``elsewhere``)."""
     from gateway.runtime.collector import tune_collector
     from gateway.runtime.gateway import Gateway
-    from gateway.runtime.worker import worker_gateway
 
     gateway: Gateway | None = None
     try:
@@ -160,6 +159,23 @@ def _run_gateway(config: Config, parent: int | None = None, elsewhere: Collectio
         )
         return EXIT_ABANDONED
     return 0
+
+
+def worker_gateway(config: Config, elsewhere: Collection[str]) -> Gateway:
+    """The gateway of a worker: ``config`` without the listeners ``elsewhere`` (pinned to
+    another worker), now and in every config a reload reads: their protocol might need
+    what only that worker has (the store)."""
+    from gateway.runtime.gateway import Gateway
+
+    def without(config: Config) -> Config:
+        config.listeners = [ls for ls in config.listeners if ls.name not in elsewhere]
+        return config
+
+    class WorkerGateway(Gateway):
+        def read_config(self, path: Path) -> Config:
+            return without(super().read_config(path))
+
+    return WorkerGateway(without(config))
 
 
 async def _reload(gateway: Gateway) -> None:

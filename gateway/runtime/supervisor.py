@@ -16,8 +16,17 @@ worker gets exactly one forwarded signal.
   drains within ``drain_timeout``; a worker still running
   :data:`KILL_GRACE` seconds after that is killed. A second signal kills
   them at once.
-- SIGHUP: forwarded to every worker; each reloads the config file as a
-  single gateway does.
+- SIGHUP: forwarded to every worker; each reloads the config file in place
+  as a single gateway does (its connections, and their state, stay).
+- SIGUSR2 (or ``POST /api/reload?replace=1``): :meth:`Supervisor.replace`
+  replaces the workers one at a time, for what a reload cannot apply (new
+  code): the new worker starts on the same sockets and reports it serves
+  (a ``ready`` descriptor in its spec), then the old one drains; the worker
+  holding the store drains first.
+- Listeners whose protocol keeps segments in the store get their sockets in
+  worker 0 only (:meth:`Supervisor.pinned`): one store, one writer.
+- ``GET /api/tap``: :meth:`Supervisor.open_taps` passes every worker a
+  socket over its admin channel to write its tap's lines to.
 - ``[admin]`` and ``[metrics]``: bound and served by the supervisor, for the
   whole gateway (:mod:`gateway.ops.fleet`). Each worker gets a control
   channel per endpoint (a socket pair, one end passed down) and answers

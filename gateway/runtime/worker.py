@@ -24,7 +24,7 @@ otherwise serve on forever.
 A listener the spec gives no descriptors is served by another worker (the
 supervisor pins listeners whose protocol keeps segments in the store to worker
 0, :func:`pinned_elsewhere`): this worker's gateway leaves it out of its
-config, at start and at every reload (:func:`worker_gateway`), and never
+config, at start and at every reload (``gateway.cli``), and never
 binds it nor sets its protocol up.
 
 Once its gateway serves, a worker says so on the spec's ``ready`` descriptor
@@ -37,18 +37,12 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import trio
 
-from gateway.config.loader import Config
 from gateway.runtime.listener import adopt_sockets
-
-if TYPE_CHECKING:
-    from gateway.runtime.gateway import Gateway
 
 __all__ = [
     "WorkerSpec",
@@ -58,7 +52,6 @@ __all__ = [
     "take_channel",
     "take_peers",
     "watch_parent",
-    "worker_gateway",
 ]
 
 #: How often a worker checks that its supervisor still runs.
@@ -137,23 +130,6 @@ def adopt(spec: WorkerSpec) -> None:
 def pinned_elsewhere(spec: WorkerSpec) -> set[str]:
     """The listeners of ``spec`` another worker serves (given no descriptors here)."""
     return {name for name, (_, fds) in spec.listeners.items() if not fds}
-
-
-def worker_gateway(config: Config, elsewhere: Collection[str]) -> Gateway:
-    """The gateway of a worker: ``config`` without the listeners ``elsewhere``, now and
-    in every config a reload reads (their protocol might need what only another worker
-    has: the store)."""
-    from gateway.runtime.gateway import Gateway
-
-    def without(config: Config) -> Config:
-        config.listeners = [ls for ls in config.listeners if ls.name not in elsewhere]
-        return config
-
-    class WorkerGateway(Gateway):
-        def read_config(self, path: Path) -> Config:
-            return without(super().read_config(path))
-
-    return WorkerGateway(without(config))
 
 
 def report_ready() -> None:
