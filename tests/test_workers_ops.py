@@ -359,9 +359,13 @@ async def test_sigterm_drains_within_drain_timeout_and_the_status_says_what_was_
         publisher = await on_worker(run.port, pids[1], pids)
         subscriber = await on_worker(run.port, pids[1], pids)
         await subscriber.subscribe("news", window=10)
-        await publisher.publish_nowait([b"never acked"], "news")
         with trio.fail_after(STARTUP):
-            await subscriber.receive()
+            while True:  # until the subscription is in place: then one publish is held
+                ids = await publisher.publish_nowait([b"never acked"], "news")
+                with trio.move_on_after(0.2):
+                    await subscriber.receive()
+                    break
+                await publisher.wait_answers(ids)
         run.process.send_signal(signal.SIGTERM)
         started = trio.current_time()
         with trio.fail_after(STARTUP):

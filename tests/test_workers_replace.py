@@ -22,7 +22,7 @@ from harness import start
 from interchange_ndjson.client import NdjsonClient
 from test_admin import _get
 from test_workers import STARTUP, Supervised, connections_of, supervised
-from waits import until
+from waits import until, until_async
 
 from gateway.config.loader import Config, load, parse
 from gateway.runtime.supervisor import Supervisor, default_command
@@ -274,9 +274,21 @@ async def test_every_segment_connection_lands_on_worker_0(tmp_path: Path) -> Non
                 await until(lambda n=n: connections_of(pids[0], port) == n)  # type: ignore[misc]
         assert connections_of(pids[1], port) == 0
         # Worker 1 leaves the segment listener out of every config it reads.
+        await until_async(lambda: _both_serve(supervisor), timeout=STARTUP)
         reloads = await supervisor.ask("admin", "reload", STARTUP)
         assert [json.loads(a.body or b"{}").get("reloaded") for a in reloads] == [True, True]
         for stream in streams:
             await stream.aclose()
         supervisor.stop()
         assert await finished.wait() == 0
+
+
+async def _both_serve(supervisor: Supervisor) -> bool:
+    """Whether both workers answer with their ``nd`` listener bound (a reload before
+    a worker's listeners all started is another matter)."""
+    answers = await supervisor.ask("admin", "snapshot", STARTUP)
+    for answer in answers:
+        listeners = json.loads(answer.body or b"{}").get("listeners", [])
+        if not any(ls.get("name") == "nd" and ls.get("addresses") for ls in listeners):
+            return False
+    return True
