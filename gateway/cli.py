@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -100,12 +100,12 @@ def _workers(args: argparse.Namespace, config: Config) -> int:
 
 def _run_worker(spec_text: str, config: Config) -> int:
     """``--worker SPEC``: serve the supervisor's sockets as one normal gateway."""
-    from gateway.runtime.worker import WorkerSpec, adopt
+    from gateway.runtime.worker import WorkerSpec, adopt, pinned_elsewhere
 
     spec = WorkerSpec.decode(spec_text)
     adopt(spec)
     log.info("worker %d (pid %d) starting", spec.index, os.getpid())
-    return _run_gateway(config, parent=spec.parent)
+    return _run_gateway(config, parent=spec.parent, elsewhere=pinned_elsewhere(spec))
 
 
 def _supervise(args: argparse.Namespace, config: Config, workers: int) -> int:
@@ -130,14 +130,16 @@ def _supervise(args: argparse.Namespace, config: Config, workers: int) -> int:
         return 1
 
 
-def _run_gateway(config: Config, parent: int | None = None) -> int:
-    """Run one gateway in this process until it stops; return the exit status."""
+def _run_gateway(config: Config, parent: int | None = None, elsewhere: Collection[str] = ()) -> int:
+    """Run one gateway in this process until it stops; return the exit status. A worker
+    leaves out the listeners another worker serves (``elsewhere``)."""
     from gateway.runtime.collector import tune_collector
     from gateway.runtime.gateway import Gateway
 
     gateway: Gateway | None = None
     try:
-        gateway = Gateway(config)  # loads the protocol plugins: may fail to start too
+        # Loads the protocol plugins: may fail to start too.
+        gateway = worker_gateway(config, elsewhere) if elsewhere else Gateway(config)
         tune_collector()
         trio.run(_run, gateway, parent)
     except BaseExceptionGroup as eg:
@@ -157,6 +159,23 @@ def _run_gateway(config: Config, parent: int | None = None) -> int:
         )
         return EXIT_ABANDONED
     return 0
+
+
+def worker_gateway(config: Config, elsewhere: Collection[str]) -> Gateway:
+    """The gateway of a worker: ``config`` without the listeners ``elsewhere`` (pinned to
+    another worker), now and in every config a reload reads: their protocol might need
+    what only that worker has (the store)."""
+    from gateway.runtime.gateway import Gateway
+
+    def without(config: Config) -> Config:
+        config.listeners = [ls for ls in config.listeners if ls.name not in elsewhere]
+        return config
+
+    class WorkerGateway(Gateway):
+        def read_config(self, path: Path) -> Config:
+            return without(super().read_config(path))
+
+    return WorkerGateway(without(config))
 
 
 async def _reload(gateway: Gateway) -> None:
@@ -240,13 +259,15 @@ def _about_data_dir(config: Config, error: BaseException) -> str | None:
 
 
 async def _run(gateway: Gateway, parent: int | None = None) -> None:
+    from gateway.runtime.worker import report_ready, watch_parent
+
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_signals, gateway, nursery.cancel_scope)
         if parent is not None:
-            from gateway.runtime.worker import watch_parent
-
             nursery.start_soon(watch_parent, parent, gateway.shutdown)
-        await gateway.run()
+        async with trio.open_nursery() as serving:
+            await serving.start(gateway.run)
+            report_ready()  # a worker tells its supervisor it serves (else nothing)
         nursery.cancel_scope.cancel()
 
 

@@ -12,7 +12,13 @@ request by asking every worker over its control channel
 - ``GET /readyz``: ready when every worker answers and the merged gateway is;
 - ``POST /api/reload``: every worker re-reads the file; reloaded when none
   refused (a restarting worker reads it as it starts);
-- ``GET /api/tap``: 501, a tap would see one worker's messages;
+- ``POST /api/reload?replace=1``: the workers are replaced one at a time
+  (:meth:`gateway.runtime.supervisor.Supervisor.replace`); the answer says,
+  for each, its old and new pid;
+- ``GET /api/tap``: a tap in every running worker (:mod:`gateway.ops.control`),
+  their lines merged into one stream, each saying which worker stored the
+  message (``"worker": N`` in json, ``[worker N]`` pretty; a ``dropped`` line
+  is one worker's); the workers' taps end when the client leaves;
 - ``GET /metrics``: every worker's series with ``worker="N"`` added, and the
   supervisor's own process series with ``worker="supervisor"``
   (:func:`gateway.ops.merge.merge_expositions`);
@@ -22,9 +28,10 @@ request by asking every worker over its control channel
 from __future__ import annotations
 
 import logging
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import orjson
 import trio
@@ -33,13 +40,14 @@ from prometheus_client.exposition import generate_latest
 
 from gateway.ops import metrics_http
 from gateway.ops.admin import page, secured, serve_admin_with
-from gateway.ops.http_server import Response
+from gateway.ops.http_server import Response, Write
 from gateway.ops.merge import merge, merge_expositions, worker_summary
 from gateway.ops.metrics import Metrics
 from gateway.ops.status import StatusTracker, readiness, status
+from gateway.ops.tap import tap_filter
 from gateway.ops.view import GatewaySnapshot
 
-__all__ = ["FleetAdmin", "FleetMetrics", "WorkerAnswer", "Workers"]
+__all__ = ["FleetAdmin", "FleetMetrics", "WorkerAnswer", "Workers", "merge_taps"]
 
 log = logging.getLogger("gateway.supervisor")
 
@@ -48,10 +56,8 @@ ASK_TIMEOUT = 5.0
 #: Seconds a worker has to answer a reload.
 RELOAD_TIMEOUT = 60.0
 _JSON = "application/json"
-_TAP_REFUSED = (
-    b"tap is not served with workers > 1 yet: each worker sees only the messages of its own"
-    b" connections; run one worker to tap\n"
-)
+#: Chunks of tap lines waiting to be written to the client, per worker.
+TAP_BUFFER = 8
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,14 @@ class Workers(Protocol):
         """Ask every worker ``request`` on its ``endpoint`` channel; every worker's answer."""
         ...
 
+    async def open_taps(self, query: str, timeout: float) -> list[tuple[int, trio.SocketStream]]:
+        """A tap for ``query`` (JSON) in every running worker: (index, its lines)."""
+        ...
+
+    async def replace(self) -> list[dict[str, Any]]:
+        """Replace the workers one at a time; each one's outcome."""
+        ...
+
 
 def _json(code: int, data: object) -> Response:
     body = orjson.dumps(data, option=orjson.OPT_NON_STR_KEYS) + b"\n"
@@ -85,17 +99,20 @@ class FleetAdmin:
 
     async def route(self, method: str, target: str) -> Response:
         """The response to ``method target`` (as :func:`gateway.ops.admin.route`)."""
-        return secured(await self._route(method, target.partition("?")[0]))
+        path, _, query = target.partition("?")
+        return secured(await self._route(method, path, urllib.parse.parse_qs(query)))
 
-    async def _route(self, method: str, path: str) -> Response:
+    async def _route(self, method: str, path: str, query: dict[str, list[str]]) -> Response:
         if path == "/api/reload":
             if method != "POST":
                 return Response(405, b"POST to reload\n", headers=[(b"allow", b"POST")])
+            if query.get("replace", ["0"])[0] in ("1", "true"):
+                return await self._replace()
             return await self._reload()
         if method not in ("GET", "HEAD"):
             return Response(405, b"method not allowed\n", headers=[(b"allow", b"GET, HEAD")])
         if path == "/api/tap":
-            return Response(501, _TAP_REFUSED)
+            return self._tap(query)
         if path in ("/api/status", "/readyz"):
             answers = await self.workers.ask("admin", "snapshot", ASK_TIMEOUT)
             return self._status(answers) if path == "/api/status" else self._ready(answers)
@@ -132,6 +149,83 @@ class FleetAdmin:
         elif done:
             out["changes"] = done[0].get("changes", "")
         return _json(200, out)
+
+    async def _replace(self) -> Response:
+        results = await self.workers.replace()
+        replaced = bool(results) and all(r.get("replaced") for r in results)
+        return _json(200, {"replaced": replaced, "workers": results})
+
+    def _tap(self, query: dict[str, list[str]]) -> Response:
+        """Every worker's tap on ``dest=``, merged (the checks are a single gateway's)."""
+        pattern = query.get("dest", [""])[0]
+        fmt = query.get("format", ["json"])[0]
+        if not pattern:
+            return Response(400, b"dest= is required: a destination name or glob\n")
+        if fmt not in ("json", "pretty"):
+            return Response(400, b"format= is json or pretty\n")
+        filter_text = query.get("filter", [""])[0]
+        try:
+            tap_filter(filter_text)
+        except ValueError as e:
+            return Response(400, f"filter: {e}\n".encode())
+        kind: Literal["json", "pretty"] = "json" if fmt == "json" else "pretty"
+        asked = orjson.dumps({"dest": pattern, "filter": filter_text, "format": kind}).decode()
+
+        async def run(write: Write) -> None:
+            await merge_taps(await self.workers.open_taps(asked, ASK_TIMEOUT), write, kind)
+
+        content_type = "application/x-ndjson" if kind == "json" else "text/plain; charset=utf-8"
+        return Response(200, content_type=content_type, stream=run)
+
+
+async def merge_taps(
+    taps: list[tuple[int, trio.SocketStream]], write: Write, fmt: Literal["json", "pretty"]
+) -> None:
+    """Write the lines of every worker's tap as they come, each marked with its worker,
+    until every tap ended or ``write`` fails; the taps are closed (their workers untap)."""
+    try:
+        if not taps:
+            await write(b'{"error": "no worker could open a tap"}\n')
+            return
+        send, receive = trio.open_memory_channel[bytes](TAP_BUFFER * len(taps))
+        async with trio.open_nursery() as nursery, receive:
+            async with send:
+                for index, stream in taps:
+                    nursery.start_soon(_relay_tap, index, stream, send.clone(), fmt)
+            async for chunk in receive:
+                await write(chunk)
+    finally:
+        for _, stream in taps:
+            await trio.aclose_forcefully(stream)
+
+
+async def _relay_tap(
+    index: int,
+    stream: trio.SocketStream,
+    out: trio.MemorySendChannel[bytes],
+    fmt: Literal["json", "pretty"],
+) -> None:
+    """Pass worker ``index``'s whole lines on to ``out``, marked, until its tap ends."""
+    buffer = b""
+    async with out:
+        try:
+            async for chunk in stream:
+                *lines, buffer = (buffer + chunk).split(b"\n")
+                if lines:
+                    await out.send(b"".join(_mark(line, index, fmt) + b"\n" for line in lines))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+
+def _mark(line: bytes, index: int, fmt: Literal["json", "pretty"]) -> bytes:
+    """``line`` saying it comes from worker ``index``."""
+    if fmt == "json":
+        if line.endswith(b"}"):
+            return line[:-1] + b',"worker":%d}' % index
+        return line
+    if line.startswith(b"-- "):
+        return line + b" (worker %d)" % index
+    return b"[worker %d] " % index + line
 
 
 def _snapshots(answers: Sequence[WorkerAnswer]) -> dict[int, GatewaySnapshot]:

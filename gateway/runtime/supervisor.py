@@ -16,8 +16,17 @@ worker gets exactly one forwarded signal.
   drains within ``drain_timeout``; a worker still running
   :data:`KILL_GRACE` seconds after that is killed. A second signal kills
   them at once.
-- SIGHUP: forwarded to every worker; each reloads the config file as a
-  single gateway does.
+- SIGHUP: forwarded to every worker; each reloads the config file in place
+  as a single gateway does (its connections, and their state, stay).
+- SIGUSR2 (or ``POST /api/reload?replace=1``): :meth:`Supervisor.replace`
+  replaces the workers one at a time, for what a reload cannot apply (new
+  code): the new worker starts on the same sockets and reports it serves
+  (a ``ready`` descriptor in its spec), then the old one drains; the worker
+  holding the store drains first.
+- Listeners whose protocol keeps segments in the store get their sockets in
+  worker 0 only (:meth:`Supervisor.pinned`): one store, one writer.
+- ``GET /api/tap``: :meth:`Supervisor.open_taps` passes every worker a
+  socket over its admin channel to write its tap's lines to.
 - ``[admin]`` and ``[metrics]``: bound and served by the supervisor, for the
   whole gateway (:mod:`gateway.ops.fleet`). Each worker gets a control
   channel per endpoint (a socket pair, one end passed down) and answers
@@ -30,15 +39,18 @@ worker gets exactly one forwarded signal.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import signal
 import socket
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import orjson
 import trio
 
 from gateway.config.loader import Config
@@ -61,6 +73,8 @@ FIRST_BACKOFF = 0.5
 MAX_BACKOFF = 30.0
 #: Seconds past ``drain_timeout`` a worker has to exit before it is killed.
 KILL_GRACE = 5.0
+#: Seconds a replacement worker has to start serving before it is given up.
+READY_TIMEOUT = 60.0
 #: ``gateway run``'s exit status when publishes were abandoned (as one gateway's).
 EXIT_ABANDONED = 3
 
@@ -117,21 +131,61 @@ def _address(sock: socket.socket) -> str:
 
 
 @dataclass(slots=True)
+class _Process:
+    """One worker process and the supervisor's ends of what it was given."""
+
+    process: trio.Process
+    #: Its control channels, by endpoint.
+    channels: dict[str, trio.SocketStream]
+    #: Where it says it serves (:func:`gateway.runtime.worker.report_ready`).
+    ready: trio.SocketStream
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    async def aclose(self) -> None:
+        """Close the supervisor's ends (the process exited)."""
+        for channel in [*self.channels.values(), self.ready]:
+            await trio.aclose_forcefully(channel)
+
+
+@dataclass(slots=True)
 class _Worker:
     """One worker slot: its process (None between runs) and how it has fared."""
 
     index: int
-    process: trio.Process | None = None
+    #: The process serving the slot, whose channels the endpoints ask.
+    current: _Process | None = None
     backoff: float = 0.0
     restarts: int = 0
     #: Its exit status once it stopped during the supervisor's stop.
     final: int | None = None
-    #: The supervisor's ends of its control channels, by endpoint, while it runs.
-    channels: dict[str, trio.SocketStream] = field(default_factory=dict)
-    #: One request at a time on each channel.
+    #: When the current process started (trio clock): a long life resets the backoff.
+    since: float = 0.0
+    #: One request at a time on each channel of the current process.
     locks: dict[str, trio.Lock] = field(default_factory=dict)
+    #: Set to ask the slot's task for a rolling replacement; its result, once done.
+    replace_asked: trio.Event = field(default_factory=trio.Event)
+    replaced: trio.Event = field(default_factory=trio.Event)
+    result: dict[str, Any] = field(default_factory=dict)
 
-    async def ask(self, endpoint: str, request: str, timeout: float) -> WorkerAnswer:
+    @property
+    def process(self) -> trio.Process | None:
+        """The current process (None between runs)."""
+        return self.current.process if self.current is not None else None
+
+    @property
+    def channels(self) -> dict[str, trio.SocketStream]:
+        return self.current.channels if self.current is not None else {}
+
+    def install(self, new: _Process) -> None:
+        """Make ``new`` the process the endpoints ask."""
+        self.current, self.locks, self.since = new, {}, trio.current_time()
+
+    async def ask(
+        self, endpoint: str, request: str, timeout: float, fds: list[int] | None = None
+    ) -> WorkerAnswer:
         """Its answer to ``request`` on its ``endpoint`` channel (None: not running or
         not answering in time; a channel that failed is closed, its framing being lost)."""
         pid = self.process.pid if self.process is not None else None
@@ -144,8 +198,9 @@ class _Worker:
             async with lock:
                 asked = True
                 try:
-                    return WorkerAnswer(self.index, pid, await control.ask(channel, request))
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    body = await control.ask(channel, request, fds)
+                    return WorkerAnswer(self.index, pid, body)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     pass
         if waited.cancelled_caught:
             log.warning("worker %d did not answer %r within %gs", self.index, request, timeout)
@@ -153,6 +208,19 @@ class _Worker:
             del self.channels[endpoint]
             await trio.aclose_forcefully(channel)
         return WorkerAnswer(self.index, pid, None)
+
+    async def tap(self, query: str, timeout: float) -> trio.SocketStream | None:
+        """A stream of the lines of a tap this worker opened for ``query`` (None: it is
+        not running or refused)."""
+        ours, theirs = socket.socketpair()
+        try:
+            answer = await self.ask("admin", f"tap {query}", timeout, [theirs.fileno()])
+        finally:
+            theirs.close()
+        if answer.body is None or not orjson.loads(answer.body).get("tapping"):
+            ours.close()
+            return None
+        return trio.SocketStream(trio.socket.from_stdlib_socket(ours))
 
 
 @dataclass
@@ -176,6 +244,11 @@ class Supervisor:
         self.peer_paths: list[str] = []
         #: Their bound addresses once running, by endpoint.
         self.addresses: dict[str, list[str]] = {}
+        #: Processes started and not current yet (a replacement) or no longer (draining).
+        self._starting: set[trio.Process] = set()
+        self._retiring: set[trio.Process] = set()
+        #: One rolling replacement at a time.
+        self._replacing = trio.Lock()
 
     @property
     def pids(self) -> list[int]:
@@ -216,34 +289,49 @@ class Supervisor:
             return
         self.stopping = True
         self._stopped.set()
-        self.forward(signal.SIGTERM)
+        # Not the workers already draining: a second SIGTERM would stop them at once.
+        self.forward(signal.SIGTERM, self._starting)
 
     def kill(self) -> None:
         """Stop every worker now (SIGKILL), as a second SIGINT or SIGTERM asks."""
         self.stopping = True
         self._stopped.set()
-        self.forward(signal.SIGKILL)
+        self.forward(signal.SIGKILL, self._starting | self._retiring)
 
-    def forward(self, signum: int) -> None:
-        """Send ``signum`` to every running worker."""
-        for slot in self.slots:
-            if slot.process is not None and slot.process.returncode is None:
-                slot.process.send_signal(signum)
+    def forward(self, signum: int, also: Iterable[trio.Process] = ()) -> None:
+        """Send ``signum`` to every running worker (and to the processes ``also``)."""
+        processes = [
+            s.process
+            for s in self.slots
+            if s.process is not None and s.process not in self._retiring
+        ]
+        for process in {*processes, *also}:
+            if process.returncode is None:
+                process.send_signal(signum)
 
     async def watch_signals(self) -> None:
-        """SIGTERM/SIGINT: drain the workers (a second: kill them); SIGHUP: forward it."""
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
-            async for signum in signals:
-                name = signal.Signals(signum).name
-                if signum == signal.SIGHUP:
-                    log.info("SIGHUP: forwarded to %d workers (each reloads)", self.workers)
-                    self.forward(signal.SIGHUP)
-                elif self.stopping:
-                    log.warning("second %s: killing the workers", name)
-                    self.kill()
-                else:
-                    log.info("%s received: draining %d workers", name, self.workers)
-                    self.stop()
+        """SIGTERM/SIGINT: drain the workers (a second: kill them); SIGHUP: forward it;
+        SIGUSR2: replace the workers one at a time (:meth:`replace`)."""
+        watched = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR2)
+        async with trio.open_nursery() as nursery:
+            with trio.open_signal_receiver(*watched) as signals:
+                async for signum in signals:
+                    self._on_signal(signum, nursery)
+
+    def _on_signal(self, signum: int, nursery: trio.Nursery) -> None:
+        name = signal.Signals(signum).name
+        if signum == signal.SIGHUP:
+            log.info("SIGHUP: forwarded to %d workers (each reloads)", self.workers)
+            self.forward(signal.SIGHUP)
+        elif signum == signal.SIGUSR2:
+            log.info("SIGUSR2: replacing the %d workers one at a time", self.workers)
+            nursery.start_soon(self.replace)
+        elif self.stopping:
+            log.warning("second %s: killing the workers", name)
+            self.kill()
+        else:
+            log.info("%s received: draining %d workers", name, self.workers)
+            self.stop()
 
     async def ask(self, endpoint: str, request: str, timeout: float) -> list[WorkerAnswer]:
         """Every worker's answer to ``request`` on its ``endpoint`` channel, asked at once
@@ -257,6 +345,58 @@ class Supervisor:
             for slot in self.slots:
                 nursery.start_soon(one, slot)
         return sorted(answers, key=lambda a: a.index)
+
+    async def open_taps(self, query: str, timeout: float) -> list[tuple[int, trio.SocketStream]]:
+        """A tap for ``query`` in every running worker: (index, its stream of lines)
+        (:class:`gateway.ops.fleet.Workers`)."""
+        taps: list[tuple[int, trio.SocketStream]] = []
+
+        async def one(slot: _Worker) -> None:
+            stream = await slot.tap(query, timeout)
+            if stream is not None:
+                taps.append((slot.index, stream))
+
+        async with trio.open_nursery() as nursery:
+            for slot in self.slots:
+                nursery.start_soon(one, slot)
+        return sorted(taps, key=lambda t: t[0])
+
+    async def replace(self) -> list[dict[str, Any]]:
+        """Replace the workers one at a time (a code upgrade); each one's outcome.
+
+        A new worker starts on the same sockets; once it serves, the old one
+        drains and exits: the listening sockets stay open in the supervisor, so
+        no connection is refused. The worker that opens the store drains first
+        (one process holds it), its pinned listeners' connections waiting in the
+        kernel's queue meanwhile.
+        """
+        async with self._replacing:
+            results = []
+            for slot in self.slots:
+                if self.stopping:
+                    break
+                results.append(await self._replace_one(slot))
+            log.info("replacement done: %s", ", ".join(_describe(r) for r in results))
+            return results
+
+    async def _replace_one(self, slot: _Worker) -> dict[str, Any]:
+        """Ask ``slot``'s task to replace its worker; its outcome."""
+        if slot.current is None or slot.current.process.returncode is not None:
+            return {"index": slot.index, "replaced": False, "error": "not running"}
+        slot.replaced = trio.Event()
+        slot.replace_asked.set()
+        async with trio.open_nursery() as nursery:
+
+            async def stopped() -> None:
+                await self._stopped.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stopped)
+            await slot.replaced.wait()
+            nursery.cancel_scope.cancel()
+        if not slot.replaced.is_set():
+            return {"index": slot.index, "replaced": False, "error": "stopping"}
+        return slot.result
 
     async def _bind_endpoints(self) -> dict[str, list[trio.SocketListener]]:
         """Bind ``[admin]`` and ``[metrics]`` (as a single gateway would), by endpoint."""
@@ -290,67 +430,183 @@ class Supervisor:
                 idle_timeout=(config.admin_idle_timeout, config.metrics_idle_timeout),
             )
 
-    def _spec(self, slot: _Worker, channels: dict[str, int]) -> WorkerSpec:
+    # -- pinned listeners, the store -------------------------------------------------
+    def pinned(self, listener: str) -> bool:
+        """Whether ``listener`` is served by worker 0 alone: its protocol keeps segments
+        in the store, which one process writes."""
+        for ls in self.config.listeners:
+            if ls.name == listener:
+                try:
+                    return bool(self.registry.protocol(ls.protocol).needs_store)
+                except LookupError:
+                    return False
+        return False
+
+    def _holds_store(self, slot: _Worker) -> bool:
+        """Whether ``slot``'s worker opens the store (worker 0, when one is needed)."""
+        if slot.index != 0:
+            return False
+        durable = any(d.store for d in self.config.destinations)
+        return durable or any(self.pinned(ls.name) for ls in self.config.listeners)
+
+    def _spec(self, slot: _Worker, channels: dict[str, int], ready: int) -> WorkerSpec:
+        """What ``slot``'s worker is told: a pinned listener has no sockets but in worker 0."""
         listeners = {
-            ls.name: (ls.bind, [s.fileno() for s in self.sockets[ls.name]])
+            ls.name: (
+                ls.bind,
+                [s.fileno() for s in self.sockets[ls.name]]
+                if slot.index == 0 or not self.pinned(ls.name)
+                else [],
+            )
             for ls in self.config.listeners
         }
-        return WorkerSpec(slot.index, listeners, os.getpid(), channels, self.peer_paths)
+        return WorkerSpec(slot.index, listeners, os.getpid(), channels, self.peer_paths, ready)
 
-    def _fds(self) -> list[int]:
-        return [s.fileno() for sockets in self.sockets.values() for s in sockets]
+    # -- running the workers -----------------------------------------------------------
+    async def _spawn(self, slot: _Worker) -> _Process:
+        """Start a worker process for ``slot`` (not made current)."""
+        pairs = {name: socket.socketpair() for name in self.endpoints}
+        ready_ours, ready_theirs = socket.socketpair()
+        theirs = {name: pair[1].fileno() for name, pair in pairs.items()}
+        spec = self._spec(slot, theirs, ready_theirs.fileno())
+        fds = [fd for _, listener_fds in spec.listeners.values() for fd in listener_fds]
+        try:
+            process = await trio.lowlevel.open_process(
+                self.command(spec),
+                pass_fds=[*fds, *theirs.values(), ready_theirs.fileno()],
+                start_new_session=True,
+            )
+        except BaseException:
+            for ours, _ in pairs.values():
+                ours.close()
+            ready_ours.close()
+            raise
+        finally:
+            for _, child in pairs.values():
+                child.close()
+            ready_theirs.close()
+        log.info("worker %d started (pid %d)", slot.index, process.pid)
+        return _Process(
+            process,
+            {name: _stream(ours) for name, (ours, _) in pairs.items()},
+            _stream(ready_ours),
+        )
 
     async def _keep_running(self, slot: _Worker) -> None:
         """Run the worker of ``slot``, again each time it dies, until the supervisor stops."""
         while not self.stopping:
-            started = trio.current_time()
-            pairs = {name: socket.socketpair() for name in self.endpoints}
-            theirs = {name: pair[1].fileno() for name, pair in pairs.items()}
-            try:
-                slot.process = await trio.lowlevel.open_process(
-                    self.command(self._spec(slot, theirs)),
-                    pass_fds=[*self._fds(), *theirs.values()],
-                    start_new_session=True,
-                )
-            except BaseException:
-                for ours, _ in pairs.values():
-                    ours.close()
-                raise
-            finally:
-                for _, child in pairs.values():
-                    child.close()
-            slot.channels = {
-                name: trio.SocketStream(trio.socket.from_stdlib_socket(ours))
-                for name, (ours, _) in pairs.items()
-            }
-            log.info("worker %d started (pid %d)", slot.index, slot.process.pid)
-            try:
-                status = await slot.process.wait()
-            finally:
-                channels, slot.channels = slot.channels, {}
-                for channel in channels.values():
-                    await trio.aclose_forcefully(channel)
+            slot.install(await self._spawn(slot))
+            status = await self._supervise(slot)
+            assert slot.current is not None
+            pid = slot.current.pid
             if self.stopping:
                 slot.final = status
-                log.info(
-                    "worker %d (pid %d) exited with status %d", slot.index, slot.process.pid, status
-                )
+                log.info("worker %d (pid %d) exited with status %d", slot.index, pid, status)
                 return
-            await self._restart_later(slot, status, trio.current_time() - started)
+            await self._restart_later(slot, pid, status, trio.current_time() - slot.since)
 
-    async def _restart_later(self, slot: _Worker, status: int, lived: float) -> None:
+    async def _supervise(self, slot: _Worker) -> int:
+        """Wait until ``slot``'s current worker exits (its status), replacing it whenever
+        asked (:meth:`replace`)."""
+        while True:
+            current = slot.current
+            assert current is not None
+            status = await _exit_or(current.process, slot.replace_asked)
+            if status is not None:
+                await current.aclose()
+                return status
+            slot.replace_asked = trio.Event()
+            slot.result = await self._replace_slot(slot)
+            slot.replaced.set()
+
+    async def _replace_slot(self, slot: _Worker) -> dict[str, Any]:
+        """Replace ``slot``'s current worker by a new one; what happened."""
+        old = slot.current
+        assert old is not None
+        result: dict[str, Any] = {"index": slot.index, "old_pid": old.pid}
+        if self._holds_store(slot):
+            # One process holds the store: the old one drains and exits first.
+            result["old_status"] = await self._retire(slot, old)
+            if self.stopping:
+                return {**result, "replaced": False, "error": "stopping"}
+            new = await self._spawn(slot)
+            slot.install(new)
+            ready = await self._wait_ready(slot, new)
+            return {**result, "pid": new.pid, "replaced": ready}
+        new = await self._spawn(slot)
+        self._starting.add(new.process)
+        try:
+            ready = await self._wait_ready(slot, new)
+        finally:
+            self._starting.discard(new.process)
+        if not ready:
+            await self._retire(slot, new)
+            error = "its replacement did not start serving"
+            return {**result, "pid": old.pid, "replaced": False, "error": error}
+        slot.install(new)
+        result["old_status"] = await self._retire(slot, old)
+        return {**result, "pid": new.pid, "replaced": True}
+
+    async def _wait_ready(self, slot: _Worker, new: _Process) -> bool:
+        """Whether ``new`` says it serves within :data:`READY_TIMEOUT` (False: it died,
+        was late, or the supervisor is stopping)."""
+        said = b""
+        with trio.move_on_after(READY_TIMEOUT):
+            async with trio.open_nursery() as nursery:
+
+                async def stopped() -> None:
+                    await self._stopped.wait()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(stopped)
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    said = bytes(await new.ready.receive_some(64))
+                nursery.cancel_scope.cancel()
+        if said.startswith(b"ready"):
+            log.info("worker %d (pid %d) serves", slot.index, new.pid)
+            return True
+        log.error("worker %d (pid %d) did not start serving", slot.index, new.pid)
+        return False
+
+    async def _retire(self, slot: _Worker, old: _Process) -> int:
+        """Drain ``old`` (SIGTERM; killed :data:`KILL_GRACE` s past ``drain_timeout``);
+        its exit status."""
+        self._retiring.add(old.process)
+        try:
+            if old.process.returncode is None and not self.stopping:  # else: signalled
+                old.process.send_signal(signal.SIGTERM)
+            with trio.move_on_after(self.config.gateway.drain_timeout + KILL_GRACE):
+                await old.process.wait()
+            if old.process.returncode is None:
+                log.error(
+                    "worker %d (pid %d) did not drain in time: killing it", slot.index, old.pid
+                )
+                old.process.kill()
+            status = await old.process.wait()
+        finally:
+            self._retiring.discard(old.process)
+            await old.aclose()
+        log.info(
+            "worker %d (pid %d) replaced: exited with status %s",
+            slot.index,
+            old.pid,
+            _describe_status(status),
+        )
+        return status
+
+    async def _restart_later(self, slot: _Worker, pid: int, status: int, lived: float) -> None:
         """Log the death of ``slot``'s worker and wait its backoff (or until stopped)."""
-        assert slot.process is not None
         slot.backoff = (
             0.0
             if lived >= STEADY_UPTIME
             else min(max(slot.backoff * 2, FIRST_BACKOFF), MAX_BACKOFF)
         )
         slot.restarts += 1
+        slot.current = None
         log.warning(
             "worker %d (pid %d) exited with status %s after %.1fs; restarting%s",
             slot.index,
-            slot.process.pid,
+            pid,
             _describe_status(status),
             lived,
             f" in {slot.backoff:g}s" if slot.backoff else "",
@@ -365,7 +621,7 @@ class Supervisor:
         late = [s for s in self.slots if s.process is not None and s.process.returncode is None]
         for slot in late:
             log.error("worker %d did not exit within drain_timeout: killing it", slot.index)
-        self.forward(signal.SIGKILL)
+        self.forward(signal.SIGKILL, self._starting | self._retiring)
 
     def _status(self) -> int:
         """0: every worker exited cleanly; 3: some abandoned publishes; 1: worse.
@@ -387,11 +643,38 @@ class Supervisor:
             ", ".join(
                 f"{ls.name} ({ls.protocol}) on "
                 + " ".join(_address(s) for s in self.sockets[ls.name])
+                + (" (worker 0 only)" if self.workers > 1 and self.pinned(ls.name) else "")
                 for ls in self.config.listeners
             )
             or "no listeners",
             self.workers,
         )
+
+
+def _stream(sock: socket.socket) -> trio.SocketStream:
+    return trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+
+
+async def _exit_or(process: trio.Process, event: trio.Event) -> int | None:
+    """``process``'s exit status once it exits; None if ``event`` is set first."""
+    status: int | None = None
+    async with trio.open_nursery() as nursery:
+
+        async def asked() -> None:
+            await event.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(asked)
+        status = await process.wait()
+        nursery.cancel_scope.cancel()
+    return status
+
+
+def _describe(result: dict[str, Any]) -> str:
+    """``worker 1 pid 10 → 12`` or ``worker 1 kept (why)``, for the log."""
+    if result.get("replaced"):
+        return f"worker {result['index']} pid {result['old_pid']} → {result['pid']}"
+    return f"worker {result['index']} kept ({result.get('error')})"
 
 
 def _describe_status(status: int) -> str:

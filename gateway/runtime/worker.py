@@ -20,6 +20,16 @@ endpoint but answers its supervisor, which serves them for the whole gateway
 A worker stops when its supervisor is gone (:func:`watch_parent`): the
 supervisor's signals reach workers by forwarding only, so an orphan would
 otherwise serve on forever.
+
+A listener the spec gives no descriptors is served by another worker (the
+supervisor pins listeners whose protocol keeps segments in the store to worker
+0, :func:`pinned_elsewhere`): this worker's gateway leaves it out of its
+config, at start and at every reload (``gateway.cli``), and never
+binds it nor sets its protocol up.
+
+Once its gateway serves, a worker says so on the spec's ``ready`` descriptor
+(:func:`report_ready`): the supervisor's rolling replacement waits for it
+before it stops the worker being replaced.
 """
 
 from __future__ import annotations
@@ -34,7 +44,15 @@ import trio
 
 from gateway.runtime.listener import adopt_sockets
 
-__all__ = ["WorkerSpec", "adopt", "take_channel", "take_peers", "watch_parent"]
+__all__ = [
+    "WorkerSpec",
+    "adopt",
+    "pinned_elsewhere",
+    "report_ready",
+    "take_channel",
+    "take_peers",
+    "watch_parent",
+]
 
 #: How often a worker checks that its supervisor still runs.
 PARENT_CHECK_INTERVAL = 1.0
@@ -54,6 +72,8 @@ class WorkerSpec:
     channels: dict[str, int] = field(default_factory=dict)
     #: Each worker's unix socket path for forwarding topics, by index (empty: none).
     peers: list[str] = field(default_factory=list)
+    #: The inherited descriptor on which it reports it serves (-1: none).
+    ready: int = -1
 
     def encode(self) -> str:
         """One command-line argument (JSON)."""
@@ -65,6 +85,7 @@ class WorkerSpec:
                 "listeners": listeners,
                 "channels": self.channels,
                 "peers": self.peers,
+                "ready": self.ready,
             }
         )
 
@@ -79,7 +100,8 @@ class WorkerSpec:
             }
             channels = {str(k): int(fd) for k, fd in data.get("channels", {}).items()}
             peers = [str(path) for path in data.get("peers", [])]
-            return cls(int(data["index"]), listeners, int(data.get("parent", 0)), channels, peers)
+            parent, ready = int(data.get("parent", 0)), int(data.get("ready", -1))
+            return cls(int(data["index"]), listeners, parent, channels, peers, ready)
         except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
             raise ValueError(f"not a worker spec: {e}") from None
 
@@ -88,6 +110,8 @@ class WorkerSpec:
 _CHANNELS: dict[str, socket.socket] = {}
 #: This worker's index and every worker's forwarding socket path, once adopted.
 _PEERS: list[tuple[int, list[str]]] = []
+#: Where this worker reports it serves, once adopted (a worker only).
+_READY: list[int] = []
 
 
 def adopt(spec: WorkerSpec) -> None:
@@ -99,6 +123,30 @@ def adopt(spec: WorkerSpec) -> None:
         _CHANNELS[endpoint] = socket.socket(fileno=fd)
     if len(spec.peers) > 1:
         _PEERS[:] = [(spec.index, list(spec.peers))]
+    if spec.ready >= 0:
+        _READY[:] = [spec.ready]
+
+
+def pinned_elsewhere(spec: WorkerSpec) -> set[str]:
+    """The listeners of ``spec`` another worker serves (given no descriptors here)."""
+    return {name for name, (_, fds) in spec.listeners.items() if not fds}
+
+
+def report_ready() -> None:
+    """Tell the supervisor this worker serves (once; nothing outside a worker).
+
+    A supervisor that stopped listening is no failure: it only waits for the
+    word during a replacement.
+    """
+    if not _READY:
+        return
+    fd = _READY.pop()
+    try:
+        os.write(fd, b"ready\n")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def take_peers() -> tuple[int, list[str]] | None:
