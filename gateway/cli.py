@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,10 +30,9 @@ from gateway.config.loader import (
     default_config,
     load,
     usable_cores,
-    workers_problems,
 )
 from gateway.core.errors import first_leaf
-from gateway.protocol.plugin import PluginError
+from gateway.protocol.plugin import PluginError, UpstreamSettings
 from gateway.runtime.registry import Registry, default_registry
 from gateway.transports.base import StreamLayer, Transport
 
@@ -87,14 +87,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _workers(args: argparse.Namespace, config: Config) -> int:
-    """``--workers``, else ``[gateway] workers``; a count the config cannot run on is refused."""
+    """``--workers``, else ``[gateway] workers``."""
     if args.worker is not None or args.workers is None:
         return 1 if args.worker is not None else config.gateway.workers
     workers: int = usable_cores() if args.workers == "auto" else args.workers
-    if workers > 1:
-        problems = workers_problems(config, workers)
-        if problems:
-            raise ConfigError(problems)
     return workers
 
 
@@ -105,7 +101,10 @@ def _run_worker(spec_text: str, config: Config) -> int:
     spec = WorkerSpec.decode(spec_text)
     adopt(spec)
     log.info("worker %d (pid %d) starting", spec.index, os.getpid())
-    return _run_gateway(config, parent=spec.parent, elsewhere=pinned_elsewhere(spec))
+    elsewhere, receives = pinned_elsewhere(spec), spec.index == 0
+    return _run_gateway(
+        config, parent=spec.parent, make=lambda: worker_gateway(config, elsewhere, receives)
+    )
 
 
 def _supervise(args: argparse.Namespace, config: Config, workers: int) -> int:
@@ -130,16 +129,18 @@ def _supervise(args: argparse.Namespace, config: Config, workers: int) -> int:
         return 1
 
 
-def _run_gateway(config: Config, parent: int | None = None, elsewhere: Collection[str] = ()) -> int:
-    """Run one gateway in this process until it stops; return the exit status. A worker
-    leaves out the listeners another worker serves (``elsewhere``)."""
+def _run_gateway(
+    config: Config, parent: int | None = None, make: Callable[[], Gateway] | None = None
+) -> int:
+    """Run one gateway in this process (``make()``, else one of ``config``) until it
+    stops; return the exit status."""
     from gateway.runtime.collector import tune_collector
     from gateway.runtime.gateway import Gateway
 
     gateway: Gateway | None = None
     try:
         # Loads the protocol plugins: may fail to start too.
-        gateway = worker_gateway(config, elsewhere) if elsewhere else Gateway(config)
+        gateway = make() if make is not None else Gateway(config)
         tune_collector()
         trio.run(_run, gateway, parent)
     except BaseExceptionGroup as eg:
@@ -161,14 +162,22 @@ def _run_gateway(config: Config, parent: int | None = None, elsewhere: Collectio
     return 0
 
 
-def worker_gateway(config: Config, elsewhere: Collection[str]) -> Gateway:
+def worker_gateway(config: Config, elsewhere: Collection[str], receives: bool = True) -> Gateway:
     """The gateway of a worker: ``config`` without the listeners ``elsewhere`` (pinned to
-    another worker), now and in every config a reload reads: their protocol might need
-    what only that worker has (the store)."""
+    another worker: their protocol might need what only that worker has, the store),
+    and unless it ``receives`` (worker 0 does), with every upstream's receiving side
+    off (its option :meth:`~gateway.protocol.plugin.ProtocolPlugin.upstream_receives`
+    names set to its default): one worker subscribes to the peer and publishes what
+    it sends, every worker relays. The same holds in every config a reload reads."""
     from gateway.runtime.gateway import Gateway
+
+    registry = default_registry()
 
     def without(config: Config) -> Config:
         config.listeners = [ls for ls in config.listeners if ls.name not in elsewhere]
+        if not receives:
+            for up in config.upstreams:
+                _relay_only(up, registry)
         return config
 
     class WorkerGateway(Gateway):
@@ -176,6 +185,17 @@ def worker_gateway(config: Config, elsewhere: Collection[str]) -> Gateway:
             return without(super().read_config(path))
 
     return WorkerGateway(without(config))
+
+
+def _relay_only(up: UpstreamSettings, registry: Registry) -> None:
+    """Turn off what ``up`` takes from its peer and publishes here (if anything)."""
+    try:
+        plugin = registry.protocol(up.protocol)
+    except LookupError:
+        return
+    key = plugin.upstream_receives(up.options)
+    if key is not None:
+        up.options = {**up.options, key: copy.deepcopy(plugin.upstream_options[key].default)}
 
 
 async def _reload(gateway: Gateway) -> None:

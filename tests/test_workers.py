@@ -10,6 +10,7 @@ worker holding the accepted socket). The refusals and the transports'
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import signal
@@ -27,6 +28,7 @@ from harness import host_port, running_gateway, start
 from interchange_ndjson.client import NdjsonClient
 from waits import subscribed, until
 
+from gateway.cli import worker_gateway
 from gateway.config.loader import ConfigError, parse, usable_cores
 from gateway.runtime import listener as listener_module
 from gateway.runtime.gateway import Gateway
@@ -316,42 +318,42 @@ def test_a_relay_config_is_accepted_and_auto_is_the_usable_cores() -> None:
     assert usable_cores() == len(os.sched_getaffinity(0))
 
 
-@pytest.mark.parametrize(
-    ("extra", "expected"),
-    [
-        (
-            {
-                "upstreams": [
-                    {
-                        "name": "sink",
-                        "protocol": "reactive",
-                        "connect": "127.0.0.1:9",
-                        "subscriptions": [{"publisher": "alerts"}],
-                    }
-                ]
-            },
-            "gw.toml: upstreams[0].subscriptions: every worker would subscribe",
-        ),
-        (
-            {
-                "upstreams": [
-                    {
-                        "name": "sink",
-                        "protocol": "micromessage",
-                        "connect": "127.0.0.1:9",
-                        "subscribe": [{"destination": "alerts"}],
-                    }
-                ]
-            },
-            "gw.toml: upstreams[0].subscribe: every worker would subscribe",
-        ),
-    ],
-)
-def test_state_that_workers_would_split_is_refused(extra: dict[str, object], expected: str) -> None:
-    with pytest.raises(ConfigError) as refused:
-        parse(_relay(**extra), source="gw.toml")
-    assert any(e.startswith(expected) for e in refused.value.errors), refused.value.errors
-    assert "does not work across workers yet" in str(refused.value)
+RECEIVING = [
+    {
+        "name": "sink",
+        "protocol": "reactive",
+        "connect": "127.0.0.1:9",
+        "subscriptions": [{"publisher": "alerts"}],
+    },
+    {
+        "name": "feed",
+        "protocol": "micromessage",
+        "connect": "127.0.0.1:9",
+        "subscribe": [{"destination": "alerts"}],
+    },
+]
+
+
+def test_upstreams_that_receive_subscribe_in_worker_0_only() -> None:
+    """Accepted with workers; worker 0's gateway keeps their receiving side, the
+    others' relay only (else each worker would publish every message again)."""
+    config = parse(_relay(upstreams=RECEIVING), source="gw.toml")
+    assert config.gateway.workers == 2
+    first = worker_gateway(copy.deepcopy(config), set(), receives=True)
+    other = worker_gateway(copy.deepcopy(config), set(), receives=False)
+    assert first.config.upstreams[0].options["subscriptions"][0]["publisher"] == "alerts"
+    assert first.config.upstreams[1].options["subscribe"][0]["destination"] == "alerts"
+    assert other.config.upstreams[0].options["subscriptions"] == []
+    assert other.config.upstreams[1].options["subscribe"] == []
+    assert other.config.upstreams[0].connect == first.config.upstreams[0].connect
+
+
+def test_segment_listeners_are_accepted_with_workers() -> None:
+    """They are served by worker 0 only (tests/test_workers_replace.py)."""
+    cfg = _relay(
+        listeners=[{"name": "seg", "protocol": "segment", "bind": "127.0.0.1:0"}],
+    )
+    assert parse(cfg, source="gw.toml").gateway.workers == 2
 
 
 def test_in_memory_topics_are_accepted_with_workers() -> None:
@@ -379,21 +381,6 @@ def test_bad_worker_counts_name_the_key() -> None:
         with pytest.raises(ConfigError) as refused:
             parse(cfg, source="gw.toml")
         assert str(refused.value).startswith("gw.toml: gateway.workers: ")
-
-
-def test_run_workers_refuses_what_the_config_cannot_split(tmp_path: Path) -> None:
-    """``--workers 2`` on a config whose upstream subscribes: refused before anything binds."""
-    path = tmp_path / "gw.toml"
-    path.write_text(
-        '[[listeners]]\nname = "nd"\nprotocol = "ndjson"\nbind = "127.0.0.1:0"\n'
-        '[[upstreams]]\nname = "sink"\nprotocol = "micromessage"\nconnect = "127.0.0.1:9"\n'
-        '[[upstreams.subscribe]]\ndestination = "alerts"\n'
-    )
-    done = subprocess.run(
-        [*GATEWAY, "run", str(path), "--workers", "2"], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 1
-    assert f"{path}: upstreams[0].subscribe: every worker would subscribe" in done.stderr
 
 
 # -- the transports' adopt -----------------------------------------------------------

@@ -42,7 +42,6 @@ __all__ = [
     "load",
     "parse",
     "usable_cores",
-    "workers_problems",
 ]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
@@ -411,68 +410,7 @@ def parse(
         admin_idle_timeout=admin.idle_timeout,
         store=store,
     )
-    if gateway.workers > 1:
-        problems = workers_problems(config, gateway.workers, registry, source)
-        if problems:
-            raise ConfigError(problems)
     return config
-
-
-#: Why a config is refused with several workers.
-_ONE_WORKER = (
-    "with workers = {n} each worker would do this on its own; in-memory topics forward"
-    " between workers and every stateful destination (queue, log, durable destination,"
-    " named groups) lives in one worker that the others reach, but this does not work"
-    " across workers yet"
-)
-
-
-def workers_problems(
-    config: Config, workers: int, registry: Registry | None = None, source: str | None = None
-) -> list[str]:
-    """Why ``config`` cannot run as ``workers`` processes yet (empty: it can).
-
-    Workers share the listening sockets. In-memory topics forward between
-    workers (:mod:`gateway.core.peers`); every stateful destination (a queue,
-    a ``retain`` log, a durable ``store`` log, a topic with declared
-    ``groups``) lives in one home worker, which the others reach through a
-    proxy (:mod:`gateway.core.remote`). Refused: protocols that keep segments
-    in the store, upstreams that ``subscribe`` (each worker would publish what
-    it receives). Relays to upstreams are per worker (each has its own pool).
-    ``[metrics]`` and ``[admin]`` are served by the supervisor for the whole
-    gateway.
-    Errors name the key as :func:`parse` does (the config's entries are in
-    file order once it parsed without errors).
-    """
-    registry = registry or default_registry()
-    where = source or str(config.path or "the embedded default config")
-    return _peer_problems(config, registry, where, _ONE_WORKER.format(n=workers))
-
-
-def _peer_problems(config: Config, registry: Registry, where: str, why: str) -> list[str]:
-    """Listeners whose protocol keeps segments; upstreams that publish what they receive."""
-    out = []
-    for i, ls in enumerate(config.listeners):
-        try:
-            stores = registry.protocol(ls.protocol).needs_store
-        except LookupError:
-            continue
-        if stores:
-            out.append(
-                f"{where}: listeners[{i}]: protocol {ls.protocol!r} keeps segments in the"
-                f" store: {why}"
-            )
-    for i, up in enumerate(config.upstreams):
-        try:
-            key = registry.protocol(up.protocol).upstream_receives(up.options)
-        except LookupError:
-            continue
-        if key:
-            out.append(
-                f"{where}: upstreams[{i}].{key}: every worker would subscribe and publish"
-                f" each message it receives once more: {why}"
-            )
-    return out
 
 
 def _gateway(root: _Table, base: Path) -> GatewaySettings:

@@ -105,9 +105,9 @@ class ProtocolPlugin(ABC):
         """The option (its key) with which an upstream of these ``options`` takes
         messages from its peer and publishes them locally, or None if it does not.
 
-        Workers (``gateway run --workers N``) share no state yet, so every worker's
-        upstream would take and publish the same messages once more: such an
-        upstream is refused with more than one worker.
+        With ``gateway run --workers N`` only worker 0 takes from the peer: the
+        other workers run the upstream with this option at its default (they
+        relay, and do not publish the same messages once more).
         """
         return None
 
