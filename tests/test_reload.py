@@ -44,6 +44,37 @@ async def client(gw: Gateway, name: str) -> NdjsonClient:
     return await NdjsonClient.connect(*host_port(gw.addresses[name][0]))
 
 
+async def test_a_reload_while_the_listeners_start_is_refused_and_harms_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The admin endpoint (or a worker's control channel) may ask for a reload
+    before every listener has started: it is refused, and the start goes on."""
+    import gateway.runtime.gateway as runtime
+
+    path = write(tmp_path / "gw.toml", listener("first"), listener("second"))
+    gate = trio.Event()
+    starting = trio.Event()
+    serve = runtime.serve_listener
+
+    async def slow(*args: Any, **kwargs: Any) -> None:
+        starting.set()
+        await gate.wait()
+        await serve(*args, **kwargs)
+
+    monkeypatch.setattr(runtime, "serve_listener", slow)
+    async with trio.open_nursery() as nursery:
+        gw = Gateway(load(path))
+        nursery.start_soon(gw.run)
+        await starting.wait()
+        with pytest.raises(ReloadRefused, match="still starting"):
+            await gw.reload(load(path))
+        gate.set()
+        await until(lambda: gw.serving_since is not None)
+        assert set(gw.addresses) == {"first", "second"}
+        await gw.reload(load(path))
+        gw.shutdown()
+
+
 async def test_a_reload_under_traffic_keeps_unchanged_listeners_and_loses_nothing(
     tmp_path: Path,
 ) -> None:

@@ -359,6 +359,9 @@ class Gateway:
             work = self._work
             if work is None or self.draining.is_set():
                 raise ReloadRefused("the gateway is not serving")
+            if self.serving_since is None:
+                # The admin endpoint serves before the listeners are all started.
+                raise ReloadRefused("the gateway is still starting its listeners")
             change = plan_reload(self.config, config, set(self.plugins))
             # Everything that can fail is prepared before anything changes.
             contexts = self._tls_contexts(change)
