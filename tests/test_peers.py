@@ -38,6 +38,7 @@ from gateway.runtime.peerlinks import drive_incoming, drive_outgoing
 def test_frames_have_fixed_bytes() -> None:
     wire = PeerWire()
     assert wire.encode(Hello(1, 0)) == b"\x00\x00\x00\x04\x93\x00\x01\x00"
+    assert wire.encode(Hello(1, 2, 300)) == b"\x00\x00\x00\x07\x94\x00\x01\x02\xcd\x01\x2c"
     assert wire.encode(Batch(7, "t", (Message("t", b"hi"),))) == (
         b"\x00\x00\x00\x0a\x94\x02\x07\xa1t\x91\xc4\x02hi"
     )
@@ -49,6 +50,7 @@ def test_frames_fed_byte_by_byte_decode_to_what_was_sent() -> None:
     source = Source("ndjson", "nd", "127.0.0.1:5", received_at=1.5, upstream="")
     frames: list[Frame] = [
         Hello(1, 3),
+        Hello(1, 3, 4242),
         Interest(("a", "b"), ("c",)),
         Batch(
             1,
@@ -220,3 +222,25 @@ async def test_the_forwarding_is_in_the_workers_metrics() -> None:
         for family in HubCollector(Hub()).collect()
         for s in family.samples
     )
+
+
+# -- a worker replaced ------------------------------------------------------------------
+
+
+async def test_a_new_incarnation_of_a_worker_ends_the_link_to_its_predecessor() -> None:
+    """A replacement links to the others while its predecessor drains; their
+    links to the predecessor end, so that they dial again and reach the new one."""
+    peers = Peers(0, incarnation=100)
+    link = peers.connected(1)
+    link.received(PeerWire().encode(Hello(1, 1, 200)))  # the worker it reached
+    assert link.incarnation == 200
+    same = peers.accepted()
+    await same.received(PeerWire().encode(Hello(1, 1, 200)))
+    assert not link.closed, "its own link back made it dial again"
+    receipt_of_old = peers.accepted()
+    await receipt_of_old.received(PeerWire().encode(Hello(1, 1, 0)))
+    assert not link.closed, "a hello that names no incarnation ended the link"
+    replacement = peers.accepted()
+    await replacement.received(PeerWire().encode(Hello(1, 1, 201)))
+    assert link.closed
+    assert peers.link(1) is None

@@ -108,8 +108,10 @@ class Outgoing:
     and writes out what :meth:`take` returns; :meth:`broken` ends it.
     """
 
-    def __init__(self, me: int, peer: int, max_bytes: int) -> None:
+    def __init__(self, me: int, peer: int, max_bytes: int, incarnation: int = 0) -> None:
         self.peer = peer
+        #: The other worker's incarnation, once its hello arrived (0 before).
+        self.incarnation = 0
         self.max_bytes = max_bytes
         #: Topics the other worker has subscribers for, as it announced them.
         self.interest: set[str] = set()
@@ -121,7 +123,7 @@ class Outgoing:
         #: Subscriptions opened at the other worker, by number: their proxies' ends.
         self.subscriptions: dict[int, ProxyEnd] = {}
         self._sub_ids = itertools.count(1)
-        self._out: list[bytes] = [self.wire.encode(Hello(VERSION, me))]
+        self._out: list[bytes] = [self.wire.encode(Hello(VERSION, me, incarnation))]
         self._has_output = trio.lowlevel.ParkingLot()
         self._room = trio.lowlevel.ParkingLot()
 
@@ -163,6 +165,7 @@ class Outgoing:
                 self._for_proxy(frame)
             elif isinstance(frame, Hello):
                 _check(frame)
+                self.incarnation = frame.incarnation
             else:
                 raise WireError(f"{type(frame).__name__} on the answering side of a link")
 
@@ -308,7 +311,7 @@ class Incoming:
         self.announced: set[str] = set()
         #: Subscriptions opened here for the other worker's proxies, by its numbers.
         self.homes: dict[int, _Home] = {}
-        self._out: list[bytes] = [self.wire.encode(Hello(VERSION, peers.index))]
+        self._out: list[bytes] = [self.wire.encode(Hello(VERSION, peers.index, peers.incarnation))]
         self._has_output = trio.lowlevel.ParkingLot()
 
     async def received(self, data: bytes | bytearray) -> None:
@@ -326,6 +329,7 @@ class Incoming:
                 self._for_home(frame)
             elif isinstance(frame, Hello):
                 _check(frame)
+                self.peers.greeted(frame)
             else:
                 raise WireError(f"{type(frame).__name__} on the batch side of a link")
 
@@ -453,9 +457,13 @@ def _left(deliveries: Sequence[Delivery]) -> tuple[Delivery, ...]:
 class Peers:
     """This worker's links to the others, and the topics it has subscribers for."""
 
-    def __init__(self, index: int, max_link_bytes: int = DEFAULT_LINK_BYTES) -> None:
+    def __init__(
+        self, index: int, max_link_bytes: int = DEFAULT_LINK_BYTES, incarnation: int = 0
+    ) -> None:
         #: This worker's index.
         self.index = index
+        #: Which process this is (the runtime says its pid; 0: not said).
+        self.incarnation = incarnation
         self.max_link_bytes = max_link_bytes
         #: Local topics with at least one group: what the others are told.
         self.interest: set[str] = set()
@@ -509,7 +517,9 @@ class Peers:
         old = self.outgoing.pop(peer, None)
         if old is not None:
             old.broken()
-        link = self.outgoing[peer] = Outgoing(self.index, peer, self.max_link_bytes)
+        link = self.outgoing[peer] = Outgoing(
+            self.index, peer, self.max_link_bytes, self.incarnation
+        )
         self._linked.unpark_all()
         return link
 
@@ -521,6 +531,19 @@ class Peers:
                 await self._linked.park()
             return link
         return None
+
+    def greeted(self, hello: Hello) -> None:
+        """Another worker linked to this one. If it is a new incarnation (a
+        replacement, or a restart) of the worker the link from here reaches,
+        that link goes to its predecessor, which may still be draining: end it,
+        so that it is dialled again and reaches the new one."""
+        link = self.outgoing.get(hello.worker)
+        if (
+            link is not None
+            and 0 not in (link.incarnation, hello.incarnation)
+            and (link.incarnation != hello.incarnation)
+        ):
+            link.broken()
 
     def disconnected(self, link: Outgoing) -> None:
         link.broken()

@@ -118,6 +118,9 @@ class Hello:
     version: int
     #: The sending worker's index.
     worker: int
+    #: Which process is that worker (its pid): a worker replaced or restarted says
+    #: another, and the others dial it again (0: not said; encoded only when said).
+    incarnation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,7 +329,8 @@ def _to_wire(frame: Frame) -> list[Any]:
     if isinstance(frame, Interest):
         return [_INTEREST, list(frame.added), list(frame.removed)]
     if isinstance(frame, Hello):
-        return [_HELLO, frame.version, frame.worker]
+        hello = [_HELLO, frame.version, frame.worker]
+        return [*hello, frame.incarnation] if frame.incarnation else hello
     return _subscription_to_wire(frame)
 
 
@@ -423,8 +427,8 @@ def _decode(payload: bytes) -> Frame:
             _, added, removed = item
             return Interest(tuple(map(str, added)), tuple(map(str, removed)))
         if kind == _HELLO:
-            _, version, worker = item
-            return Hello(int(version), int(worker))
+            _, version, worker, *incarnation = item
+            return Hello(int(version), int(worker), int(incarnation[0]) if incarnation else 0)
         if _SUBSCRIBE <= kind <= _COMMITTED:
             return _read_subscription(kind, item)
     except (ValueError, TypeError, IndexError, KeyError, msgpack.UnpackException) as e:

@@ -35,6 +35,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import os
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -441,7 +442,7 @@ def _hub(
     peers = None
     if linked is not None:
         index, paths = linked
-        peers = Peers(index)
+        peers = Peers(index, incarnation=os.getpid())
         workers = len(paths)
         providers.insert(
             0, RemoteProvider(peers, lambda name: catalog.home(name, workers), catalog.info)
