@@ -202,7 +202,8 @@ def connections_of(pid: int, port: int) -> int:
 
 async def test_two_workers_share_connections_relay_everything_and_drain(tmp_path: Path) -> None:
     """16 connections held at once spread over both workers; every publish is acked
-    and reaches the sink; SIGTERM drains both workers and the supervisor exits 0."""
+    and reaches the sink, also after a SIGHUP reloaded both workers with the
+    connections held; SIGTERM drains both workers and the supervisor exits 0."""
     async with sink_gateway() as sink, supervised(relay_config(tmp_path, sink.gateway)) as run:
         pids = run.worker_pids()
         assert len(pids) == 2
@@ -227,10 +228,18 @@ async def test_two_workers_share_connections_relay_everything_and_drain(tmp_path
                 expected.update(bodies)
                 nursery.start_soon(_publish_on, client, bodies)
         await until(lambda: expected <= set(sink.bodies))
+        # SIGHUP with connections held on both workers: each worker reloads the
+        # file in place, and every held connection goes on being served.
+        run.process.send_signal(signal.SIGHUP)
+        await run.wait_for(r"reloaded .*: ", 2)
+        async with trio.open_nursery() as nursery:
+            for n, client in enumerate(clients):
+                bodies = [b"after-%d" % n]
+                expected.update(bodies)
+                nursery.start_soon(_publish_on, client, bodies)
+        await until(lambda: expected <= set(sink.bodies))
         for client in clients:
             await client.aclose()
-        run.process.send_signal(signal.SIGHUP)  # each worker reloads the file
-        await run.wait_for(r"SIGHUP: reloading", 2)
         run.process.send_signal(signal.SIGTERM)
         with trio.fail_after(STARTUP):
             status = await run.process.wait()
