@@ -23,7 +23,10 @@ event loop); ``0`` inflates inline.
 
 Per phase: acked events/s, each worker's CPU load and the workers' CPU per
 event (user + system of each worker pid from ``/proc``, supervisor excluded,
-between the edges of the measured window); the supervisor's load. Then, per
+between the edges of the measured window); the supervisor's load; how many
+of the connections each worker holds (from ``/proc/net/tcp``, once the load
+runs: the workers accept from one queue, so the spread is the kernel's and
+the workers', not the benchmark's). Then, per
 number of workers, the mean rate over its phases, and each N's rate as a
 multiple of the first N's. Self-checks: every window sent is acked whole,
 every gateway exits 0 and logs no warning, every worker served before the
@@ -37,7 +40,7 @@ import statistics
 import tempfile
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,7 @@ from protocols.lumberjack import encode_window
 
 from . import Result, register
 from ._gateway import START_TIMEOUT
+from ._process import connections_by_pid
 from .lumberjack import (
     Measured,
     Replay,
@@ -63,6 +67,9 @@ from .lumberjack import (
     sink_config,
 )
 
+#: Cores' worth of CPU used by others above which a phase is flagged (as ``bench lumberjack``).
+BUSY = 0.15
+
 
 @dataclass
 class Phase:
@@ -72,6 +79,8 @@ class Phase:
     replay: Replay
     gateway: SupervisedGateway
     measured: Measured | None = None
+    #: Connections each worker held once the load ran (a worker's order as started).
+    connections: list[int] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -105,7 +114,18 @@ async def _run_phase(
             phase.replay.problems.append(f"not every worker served within {START_TIMEOUT:g}s")
             return
         host, port = phase.gateway.listener_address()
-        phase.measured = await drive(phase.replay, [phase.gateway], host, port, context, args)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_count_connections, phase, port, args.warmup)
+            phase.measured = await drive(phase.replay, [phase.gateway], host, port, context, args)
+
+
+async def _count_connections(phase: Phase, port: int, after: float) -> None:
+    """Once the load runs (half the warm-up in): each worker's share of the connections."""
+    await trio.sleep(after / 2)
+    tree = phase.gateway.tree()
+    workers = tree if phase.workers == 1 else tree[1:]
+    counts = connections_by_pid(workers, port)
+    phase.connections = [counts.get(pid, 0) for pid in workers]
 
 
 async def _run_ingest(args: argparse.Namespace) -> Result:
@@ -136,6 +156,7 @@ def _report(result: Result, phases: Sequence[Phase], args: argparse.Namespace) -
     """Each phase's figures, then the mean rate per N and the ratios; the self-checks."""
     rates: dict[int, list[float]] = {}
     per_event: dict[int, list[float]] = {}
+    busy_phases: list[int] = []
     for i, phase in enumerate(phases):
         name = f"gateway {i + 1} ({phase.workers} worker{'s' if phase.workers > 1 else ''})"
         result.problems += phase.replay.problems
@@ -144,31 +165,49 @@ def _report(result: Result, phases: Sequence[Phase], args: argparse.Namespace) -
             continue
         check_replay(phase.replay)
         result.problems += phase.replay.problems
-        measured = phase.measured
-        elapsed = measured.elapsed
         rates.setdefault(phase.workers, []).append(phase.rate)
-        result.add(f"{name}: acked events", phase.rate, "events/s")
-        workers = phase.worker_seconds()
-        for k, seconds in enumerate(sorted(workers, reverse=True)):
-            result.add(f"{name}: worker {k + 1} cpu load", 100 * seconds / elapsed, "% of a core")
-        if phase.workers > 1:
-            load = 100 * phase.supervisor_seconds() / elapsed
-            result.add(f"{name}: supervisor cpu load", load, "% of a core")
-        if phase.replay.window_events and workers:
-            us = 1e6 * sum(workers) / phase.replay.window_events
+        us, others = _report_phase(result, name, phase)
+        if us is not None:
             per_event.setdefault(phase.workers, []).append(us)
-            result.add(f"{name}: workers' cpu per event", us, "us")
-        result.add(
-            f"{name}: replay client cpu load", 100 * measured.own_cpu / elapsed, "% of a core"
-        )
-        if measured.busy is not None:
-            gateway = sum(workers) + phase.supervisor_seconds()
-            others = max(0.0, measured.busy - gateway - measured.own_cpu)
-            result.add(f"{name}: other processes' cpu load", 100 * others / elapsed, "% of a core")
+        if others > BUSY:
+            busy_phases.append(i + 1)
         result.details[f"phase_{i + 1}_cpu_per_process_s"] = {
             str(pid): s for pid, s in phase.gateway.window_per_process()
         }
+    result.add(f"phases with other processes above {BUSY:.0%} of a core", len(busy_phases))
+    if busy_phases:
+        result.details["warning"] = (
+            f"other processes used the CPU during phases {busy_phases}: their figures, and the "
+            "ratios, are not comparable"
+        )
     _summarize(result, rates, per_event)
+
+
+def _report_phase(result: Result, name: str, phase: Phase) -> tuple[float | None, float]:
+    """One phase's figures; its workers' CPU per event (µs) and the others' load (cores)."""
+    measured = phase.measured
+    assert measured is not None
+    elapsed = measured.elapsed
+    result.add(f"{name}: acked events", phase.rate, "events/s")
+    workers = phase.worker_seconds()
+    for k, seconds in enumerate(workers):
+        result.add(f"{name}: worker {k + 1} cpu load", 100 * seconds / elapsed, "% of a core")
+    for k, count in enumerate(phase.connections):
+        result.add(f"{name}: worker {k + 1} connections", count)
+    if phase.workers > 1:
+        load = 100 * phase.supervisor_seconds() / elapsed
+        result.add(f"{name}: supervisor cpu load", load, "% of a core")
+    us = None
+    if phase.replay.window_events and workers:
+        us = 1e6 * sum(workers) / phase.replay.window_events
+        result.add(f"{name}: workers' cpu per event", us, "us")
+    result.add(f"{name}: replay client cpu load", 100 * measured.own_cpu / elapsed, "% of a core")
+    others = 0.0
+    if measured.busy is not None:
+        gateway = sum(workers) + phase.supervisor_seconds()
+        others = max(0.0, measured.busy - gateway - measured.own_cpu) / elapsed
+        result.add(f"{name}: other processes' cpu load", 100 * others, "% of a core")
+    return us, others
 
 
 def _summarize(
