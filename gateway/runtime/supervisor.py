@@ -35,33 +35,46 @@ worker gets exactly one forwarded signal.
 
 :meth:`Supervisor.run` returns the exit status: 0 when every worker exited
 0, 3 when some only abandoned unsettled publishes, 1 otherwise.
+
+This module is the supervisor's lifecycle: starting, restarting, stopping,
+signals and the rolling replacement. Binding the listeners once is
+:mod:`gateway.runtime.bound`; a worker's slot, its process and the channels
+the endpoints ask it on are :mod:`gateway.runtime.slots`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
 import signal
 import socket
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 import trio
 
 from gateway.config.loader import Config
-from gateway.ops import control
 from gateway.ops.fleet import WorkerAnswer, serve_fleet
 from gateway.ops.metrics import Metrics
+from gateway.runtime.bound import bind_listeners, describe_address
 from gateway.runtime.endpoints import listen_plain
 from gateway.runtime.registry import Registry, default_registry
+from gateway.runtime.slots import (
+    Command,
+    Slot,
+    WorkerProcess,
+    describe_status,
+    exit_or,
+    start_process,
+)
 from gateway.runtime.worker import WorkerSpec
 
-__all__ = ["Supervisor", "bind_listeners"]
+__all__ = ["Supervisor", "default_command"]
 
 log = logging.getLogger("gateway.supervisor")
 
@@ -78,150 +91,6 @@ READY_TIMEOUT = 60.0
 #: ``gateway run``'s exit status when publishes were abandoned (as one gateway's).
 EXIT_ABANDONED = 3
 
-#: Builds a worker's command line from its spec.
-Command = Callable[[WorkerSpec], list[str]]
-
-
-async def bind_listeners(config: Config, registry: Registry) -> dict[str, list[socket.socket]]:
-    """Bind every listener of ``config`` once: its name → its listening sockets.
-
-    Each listener is bound by its transport's ``listen`` (so a wildcard or
-    port 0 gives the same sockets a single gateway would have) and its
-    sockets are taken out of the trio listeners as plain sockets.
-    """
-    bound: dict[str, list[socket.socket]] = {}
-    try:
-        for ls in config.listeners:
-            try:
-                listeners = await registry.transport_for(ls.bind).listen(ls.bind)
-            except OSError as e:
-                raise OSError(
-                    e.errno, f"listener {ls.name!r} cannot bind {ls.bind}: {e.strerror or e}"
-                ) from None
-            bound[ls.name] = [_take_socket(sl) for sl in listeners]
-    except BaseException:
-        for sockets in bound.values():
-            for sock in sockets:
-                sock.close()
-        raise
-    return bound
-
-
-def _take_socket(listener: trio.abc.Listener[trio.abc.Stream]) -> socket.socket:
-    """The listening socket under ``listener`` as a plain socket (the listener is left
-    without it). Looks through wrappers that keep theirs as ``inner`` (``ws``)."""
-    wrapped: object = listener
-    for _ in range(4):
-        sock = getattr(wrapped, "socket", None)
-        if sock is not None:
-            return socket.socket(fileno=sock.detach())
-        wrapped = getattr(wrapped, "inner", None)
-        if wrapped is None:
-            break
-    raise TypeError("the transport's listener has no socket to hand to workers")
-
-
-def _address(sock: socket.socket) -> str:
-    """``127.0.0.1:5044``, ``[::1]:5044`` or ``unix:/path``, for the log."""
-    name = sock.getsockname()
-    if sock.family == socket.AF_UNIX:
-        return "unix:" + (os.fsdecode(name) if isinstance(name, bytes) else str(name))
-    host = f"[{name[0]}]" if sock.family == socket.AF_INET6 else name[0]
-    return f"{host}:{name[1]}"
-
-
-@dataclass(slots=True)
-class _Process:
-    """One worker process and the supervisor's ends of what it was given."""
-
-    process: trio.Process
-    #: Its control channels, by endpoint.
-    channels: dict[str, trio.SocketStream]
-    #: Where it says it serves (:func:`gateway.runtime.worker.report_ready`).
-    ready: trio.SocketStream
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    async def aclose(self) -> None:
-        """Close the supervisor's ends (the process exited)."""
-        for channel in [*self.channels.values(), self.ready]:
-            await trio.aclose_forcefully(channel)
-
-
-@dataclass(slots=True)
-class _Worker:
-    """One worker slot: its process (None between runs) and how it has fared."""
-
-    index: int
-    #: The process serving the slot, whose channels the endpoints ask.
-    current: _Process | None = None
-    backoff: float = 0.0
-    restarts: int = 0
-    #: Its exit status once it stopped during the supervisor's stop.
-    final: int | None = None
-    #: When the current process started (trio clock): a long life resets the backoff.
-    since: float = 0.0
-    #: One request at a time on each channel of the current process.
-    locks: dict[str, trio.Lock] = field(default_factory=dict)
-    #: Set to ask the slot's task for a rolling replacement; its result, once done.
-    replace_asked: trio.Event = field(default_factory=trio.Event)
-    replaced: trio.Event = field(default_factory=trio.Event)
-    result: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def process(self) -> trio.Process | None:
-        """The current process (None between runs)."""
-        return self.current.process if self.current is not None else None
-
-    @property
-    def channels(self) -> dict[str, trio.SocketStream]:
-        return self.current.channels if self.current is not None else {}
-
-    def install(self, new: _Process) -> None:
-        """Make ``new`` the process the endpoints ask."""
-        self.current, self.locks, self.since = new, {}, trio.current_time()
-
-    async def ask(
-        self, endpoint: str, request: str, timeout: float, fds: list[int] | None = None
-    ) -> WorkerAnswer:
-        """Its answer to ``request`` on its ``endpoint`` channel (None: not running or
-        not answering in time; a channel that failed is closed, its framing being lost)."""
-        pid = self.process.pid if self.process is not None else None
-        channel = self.channels.get(endpoint)
-        if channel is None:
-            return WorkerAnswer(self.index, pid, None)
-        lock = self.locks.setdefault(endpoint, trio.Lock())
-        asked = False
-        with trio.move_on_after(timeout) as waited:
-            async with lock:
-                asked = True
-                try:
-                    body = await control.ask(channel, request, fds)
-                    return WorkerAnswer(self.index, pid, body)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                    pass
-        if waited.cancelled_caught:
-            log.warning("worker %d did not answer %r within %gs", self.index, request, timeout)
-        if asked and self.channels.get(endpoint) is channel:
-            del self.channels[endpoint]
-            await trio.aclose_forcefully(channel)
-        return WorkerAnswer(self.index, pid, None)
-
-    async def tap(self, query: str, timeout: float) -> trio.SocketStream | None:
-        """A stream of the lines of a tap this worker opened for ``query`` (None: it is
-        not running or refused)."""
-        ours, theirs = socket.socketpair()
-        try:
-            answer = await self.ask("admin", f"tap {query}", timeout, [theirs.fileno()])
-        finally:
-            theirs.close()
-        if answer.body is None or not orjson.loads(answer.body).get("tapping"):
-            ours.close()
-            return None
-        return trio.SocketStream(trio.socket.from_stdlib_socket(ours))
-
 
 @dataclass
 class Supervisor:
@@ -233,7 +102,7 @@ class Supervisor:
     registry: Registry = field(default_factory=default_registry)
 
     def __post_init__(self) -> None:
-        self.slots = [_Worker(i) for i in range(self.workers)]
+        self.slots = [Slot(i) for i in range(self.workers)]
         self.stopping = False
         self.sockets: dict[str, list[socket.socket]] = {}
         self._stopped = trio.Event()
@@ -338,7 +207,7 @@ class Supervisor:
         (:class:`gateway.ops.fleet.Workers`)."""
         answers: list[WorkerAnswer] = []
 
-        async def one(slot: _Worker) -> None:
+        async def one(slot: Slot) -> None:
             answers.append(await slot.ask(endpoint, request, timeout))
 
         async with trio.open_nursery() as nursery:
@@ -351,7 +220,7 @@ class Supervisor:
         (:class:`gateway.ops.fleet.Workers`)."""
         taps: list[tuple[int, trio.SocketStream]] = []
 
-        async def one(slot: _Worker) -> None:
+        async def one(slot: Slot) -> None:
             stream = await slot.tap(query, timeout)
             if stream is not None:
                 taps.append((slot.index, stream))
@@ -379,7 +248,7 @@ class Supervisor:
             log.info("replacement done: %s", ", ".join(_describe(r) for r in results))
             return results
 
-    async def _replace_one(self, slot: _Worker) -> dict[str, Any]:
+    async def _replace_one(self, slot: Slot) -> dict[str, Any]:
         """Ask ``slot``'s task to replace its worker; its outcome."""
         if slot.current is None or slot.current.process.returncode is not None:
             return {"index": slot.index, "replaced": False, "error": "not running"}
@@ -442,14 +311,14 @@ class Supervisor:
                     return False
         return False
 
-    def _holds_store(self, slot: _Worker) -> bool:
+    def _holds_store(self, slot: Slot) -> bool:
         """Whether ``slot``'s worker opens the store (worker 0, when one is needed)."""
         if slot.index != 0:
             return False
         durable = any(d.store for d in self.config.destinations)
         return durable or any(self.pinned(ls.name) for ls in self.config.listeners)
 
-    def _spec(self, slot: _Worker, channels: dict[str, int], ready: int) -> WorkerSpec:
+    def _spec(self, slot: Slot, channels: dict[str, int], ready: int) -> WorkerSpec:
         """What ``slot``'s worker is told: a pinned listener has no sockets but in worker 0."""
         listeners = {
             ls.name: (
@@ -463,36 +332,12 @@ class Supervisor:
         return WorkerSpec(slot.index, listeners, os.getpid(), channels, self.peer_paths, ready)
 
     # -- running the workers -----------------------------------------------------------
-    async def _spawn(self, slot: _Worker) -> _Process:
+    async def _spawn(self, slot: Slot) -> WorkerProcess:
         """Start a worker process for ``slot`` (not made current)."""
-        pairs = {name: socket.socketpair() for name in self.endpoints}
-        ready_ours, ready_theirs = socket.socketpair()
-        theirs = {name: pair[1].fileno() for name, pair in pairs.items()}
-        spec = self._spec(slot, theirs, ready_theirs.fileno())
-        fds = [fd for _, listener_fds in spec.listeners.values() for fd in listener_fds]
-        try:
-            process = await trio.lowlevel.open_process(
-                self.command(spec),
-                pass_fds=[*fds, *theirs.values(), ready_theirs.fileno()],
-                start_new_session=True,
-            )
-        except BaseException:
-            for ours, _ in pairs.values():
-                ours.close()
-            ready_ours.close()
-            raise
-        finally:
-            for _, child in pairs.values():
-                child.close()
-            ready_theirs.close()
-        log.info("worker %d started (pid %d)", slot.index, process.pid)
-        return _Process(
-            process,
-            {name: _stream(ours) for name, (ours, _) in pairs.items()},
-            _stream(ready_ours),
-        )
+        make_spec = functools.partial(self._spec, slot)
+        return await start_process(slot.index, self.command, make_spec, self.endpoints)
 
-    async def _keep_running(self, slot: _Worker) -> None:
+    async def _keep_running(self, slot: Slot) -> None:
         """Run the worker of ``slot``, again each time it dies, until the supervisor stops."""
         while not self.stopping:
             slot.install(await self._spawn(slot))
@@ -505,13 +350,13 @@ class Supervisor:
                 return
             await self._restart_later(slot, pid, status, trio.current_time() - slot.since)
 
-    async def _supervise(self, slot: _Worker) -> int:
+    async def _supervise(self, slot: Slot) -> int:
         """Wait until ``slot``'s current worker exits (its status), replacing it whenever
         asked (:meth:`replace`)."""
         while True:
             current = slot.current
             assert current is not None
-            status = await _exit_or(current.process, slot.replace_asked)
+            status = await exit_or(current.process, slot.replace_asked)
             if status is not None:
                 await current.aclose()
                 return status
@@ -519,7 +364,7 @@ class Supervisor:
             slot.result = await self._replace_slot(slot)
             slot.replaced.set()
 
-    async def _replace_slot(self, slot: _Worker) -> dict[str, Any]:
+    async def _replace_slot(self, slot: Slot) -> dict[str, Any]:
         """Replace ``slot``'s current worker by a new one; what happened."""
         old = slot.current
         assert old is not None
@@ -547,7 +392,7 @@ class Supervisor:
         result["old_status"] = await self._retire(slot, old)
         return {**result, "pid": new.pid, "replaced": True}
 
-    async def _wait_ready(self, slot: _Worker, new: _Process) -> bool:
+    async def _wait_ready(self, slot: Slot, new: WorkerProcess) -> bool:
         """Whether ``new`` says it serves within :data:`READY_TIMEOUT` (False: it died,
         was late, or the supervisor is stopping)."""
         said = b""
@@ -568,7 +413,7 @@ class Supervisor:
         log.error("worker %d (pid %d) did not start serving", slot.index, new.pid)
         return False
 
-    async def _retire(self, slot: _Worker, old: _Process) -> int:
+    async def _retire(self, slot: Slot, old: WorkerProcess) -> int:
         """Drain ``old`` (SIGTERM; killed :data:`KILL_GRACE` s past ``drain_timeout``);
         its exit status."""
         self._retiring.add(old.process)
@@ -590,11 +435,11 @@ class Supervisor:
             "worker %d (pid %d) replaced: exited with status %s",
             slot.index,
             old.pid,
-            _describe_status(status),
+            describe_status(status),
         )
         return status
 
-    async def _restart_later(self, slot: _Worker, pid: int, status: int, lived: float) -> None:
+    async def _restart_later(self, slot: Slot, pid: int, status: int, lived: float) -> None:
         """Log the death of ``slot``'s worker and wait its backoff (or until stopped)."""
         slot.backoff = (
             0.0
@@ -607,7 +452,7 @@ class Supervisor:
             "worker %d (pid %d) exited with status %s after %.1fs; restarting%s",
             slot.index,
             pid,
-            _describe_status(status),
+            describe_status(status),
             lived,
             f" in {slot.backoff:g}s" if slot.backoff else "",
         )
@@ -642,7 +487,7 @@ class Supervisor:
             "serving: %s; %d workers",
             ", ".join(
                 f"{ls.name} ({ls.protocol}) on "
-                + " ".join(_address(s) for s in self.sockets[ls.name])
+                + " ".join(describe_address(s) for s in self.sockets[ls.name])
                 + (" (worker 0 only)" if self.workers > 1 and self.pinned(ls.name) else "")
                 for ls in self.config.listeners
             )
@@ -651,40 +496,11 @@ class Supervisor:
         )
 
 
-def _stream(sock: socket.socket) -> trio.SocketStream:
-    return trio.SocketStream(trio.socket.from_stdlib_socket(sock))
-
-
-async def _exit_or(process: trio.Process, event: trio.Event) -> int | None:
-    """``process``'s exit status once it exits; None if ``event`` is set first."""
-    status: int | None = None
-    async with trio.open_nursery() as nursery:
-
-        async def asked() -> None:
-            await event.wait()
-            nursery.cancel_scope.cancel()
-
-        nursery.start_soon(asked)
-        status = await process.wait()
-        nursery.cancel_scope.cancel()
-    return status
-
-
 def _describe(result: dict[str, Any]) -> str:
     """``worker 1 pid 10 → 12`` or ``worker 1 kept (why)``, for the log."""
     if result.get("replaced"):
         return f"worker {result['index']} pid {result['old_pid']} → {result['pid']}"
     return f"worker {result['index']} kept ({result.get('error')})"
-
-
-def _describe_status(status: int) -> str:
-    """``1``, or ``-9 (SIGKILL)`` for a worker a signal ended."""
-    if status < 0:
-        try:
-            return f"{status} ({signal.Signals(-status).name})"
-        except ValueError:
-            pass
-    return str(status)
 
 
 def default_command(config_path: str | None, extra: Sequence[str] = ()) -> Command:
