@@ -21,9 +21,10 @@ in one *home* worker; the others hold a proxy
 publishes are batches to the home (a call carries its deadline, the answer
 its reply), and its subscriptions are opened at the home over the dialling
 side (:class:`Outgoing` keeps the proxy's end, :class:`Incoming` the home
-subscription, whose deliveries it pushes within the credit the proxy granted).
-A link that breaks ends both ends: the home subscription closes, so what it
-had delivered unacked goes back to its group.
+subscription, whose deliveries it pushes within the credit the proxy granted;
+the home side's state is :mod:`gateway.core.homes`). A link that breaks ends
+both ends: the home subscription closes, so what it had delivered unacked goes
+back to its group.
 
 This module keeps the state and makes the frames (:mod:`gateway.core.peerwire`);
 moving the bytes is the runtime's (:mod:`gateway.runtime.peerlinks`). A
@@ -35,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -43,11 +43,11 @@ from typing import Protocol
 import trio
 
 from gateway.core.destination import Delivery, EndOfStream, Subscription
+from gateway.core.homes import Home, HomeFrame, Homes, OpenHome
 from gateway.core.model import Message, Outcome, Position, Reply
 from gateway.core.peerwire import (
     ENDINGS,
     VERSION,
-    Acks,
     Answer,
     Batch,
     Committed,
@@ -55,16 +55,12 @@ from gateway.core.peerwire import (
     Ended,
     Failure,
     Frame,
-    Grant,
     Hello,
     Interest,
-    Nack,
     PeerWire,
-    Respond,
     Subscribe,
     Unsubscribe,
     WireError,
-    ending,
 )
 from gateway.core.reasons import Reason
 from gateway.core.receipts import Receipt
@@ -74,8 +70,6 @@ __all__ = ["DEFAULT_LINK_BYTES", "Outgoing", "Peers", "ProxyEnd"]
 
 #: Bytes of batches one link may have in flight (sent, not answered) by default.
 DEFAULT_LINK_BYTES = 8 * 1024 * 1024
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -285,19 +279,6 @@ def _settle_stored(
 #: local destination (waiting for room) and return the receipt of that local
 #: fan-out; the third argument is a call's seconds left (None: no call).
 Deliver = Callable[[str, list[Message], float | None], Awaitable[Receipt]]
-#: Opens a subscription here for another worker's proxy (raises as
-#: :meth:`~gateway.core.destination.Destination.subscribe` does).
-OpenHome = Callable[[Subscribe], Subscription]
-
-
-@dataclass(slots=True)
-class _Home:
-    """A subscription opened here for another worker's proxy."""
-
-    sub: Subscription
-    committed: Position | None = None
-    #: A finite read that ended: nothing more to take, but acks still come.
-    ended: bool = False
 
 
 class Incoming:
@@ -309,10 +290,15 @@ class Incoming:
         self.wire = PeerWire()
         self.closed = False
         self.announced: set[str] = set()
-        #: Subscriptions opened here for the other worker's proxies, by its numbers.
-        self.homes: dict[int, _Home] = {}
         self._out: list[bytes] = [self.wire.encode(Hello(VERSION, peers.index, peers.incarnation))]
         self._has_output = trio.lowlevel.ParkingLot()
+        #: Subscriptions opened here for the other worker's proxies.
+        self._homes = Homes(self._has_output)
+
+    @property
+    def homes(self) -> dict[int, Home]:
+        """Subscriptions opened here for the other worker's proxies, by its numbers."""
+        return self._homes.subs
 
     async def received(self, data: bytes | bytearray) -> None:
         """Take bytes from the other worker: put each batch into the local destination
@@ -325,47 +311,15 @@ class Incoming:
                 )
                 answer = functools.partial(self.answer, frame.batch, frame.destination)
                 receipt.add_done_callback(answer)
-            elif isinstance(frame, Subscribe | Grant | Acks | Nack | Respond | Unsubscribe):
-                self._for_home(frame)
+            elif isinstance(frame, HomeFrame):
+                refused = self._homes.received(frame, self.peers.open_home)
+                if refused is not None:
+                    self._push(self.wire.encode(refused))
             elif isinstance(frame, Hello):
                 _check(frame)
                 self.peers.greeted(frame)
             else:
                 raise WireError(f"{type(frame).__name__} on the batch side of a link")
-
-    def _for_home(self, frame: Subscribe | Grant | Acks | Nack | Respond | Unsubscribe) -> None:
-        if isinstance(frame, Subscribe):
-            self._open(frame)
-            return
-        home = self.homes.get(frame.sub)
-        if home is None:
-            return  # it ended here meanwhile (the proxy learns it from an Ended frame)
-        sub = home.sub
-        if isinstance(frame, Acks):
-            sub.ack_many(frame.tags)
-        elif isinstance(frame, Grant):
-            sub.grant(frame.n)
-        elif isinstance(frame, Nack):
-            sub.nack(frame.tag, requeue=frame.requeue, outcome=frame.outcome, reason=frame.reason)
-        elif isinstance(frame, Respond):
-            try:
-                sub.reply(frame.tag, frame.reply)
-            except ValueError as e:
-                log.warning("a reply from another worker: %s", e)
-        else:
-            del self.homes[frame.sub]
-            sub.close()
-        self._has_output.unpark_all()
-
-    def _open(self, request: Subscribe) -> None:
-        try:
-            sub = self.peers.open_home(request)
-        except Exception as e:  # refused at home: the proxy raises it at receive
-            self._push(self.wire.encode(Ended(request.sub, ending(e), str(e))))
-            return
-        self.homes[request.sub] = _Home(sub, sub.committed)
-        sub.watch(self._has_output)
-        self._has_output.unpark_all()  # it may have something to deliver already
 
     def answer(self, batch: int, destination: str, receipt: Receipt) -> None:
         """Queue the answer to ``batch`` once its local ``receipt`` settled (a call's
@@ -383,29 +337,6 @@ class Incoming:
         if all(p is None for p in positions):
             positions = ()
         self._push(self.wire.encode(Answer(batch, failures, receipt.reply, positions)))
-
-    def _pump(self) -> None:
-        """Queue what the home subscriptions have to deliver (within the credit and
-        unacked bounds the proxies gave them), moved commits, and their ends."""
-        for number, home in list(self.homes.items()):
-            committed = home.sub.committed
-            if committed != home.committed:
-                home.committed = committed
-                self._out.append(self.wire.encode(Committed(number, committed)))
-            if home.ended:
-                continue
-            try:
-                deliveries = home.sub.take()
-            except (trio.ClosedResourceError, EndOfStream) as e:
-                if isinstance(e, EndOfStream):
-                    home.ended = True  # kept until the proxy closes it
-                else:
-                    del self.homes[number]
-                self._out.append(self.wire.encode(Ended(number, ending(e), str(e))))
-                continue
-            if deliveries:
-                name = home.sub.destination
-                self._out.append(self.wire.encode(Deliveries(number, name, _left(deliveries))))
 
     def interest_changed(self) -> None:
         self._has_output.unpark_all()
@@ -427,7 +358,7 @@ class Incoming:
                 self.announced = set(wanted)
                 self._out.append(self.wire.encode(Interest(added, removed)))
             if self.homes:
-                self._pump()
+                self._out.extend(self.wire.encode(frame) for frame in self._homes.pump())
             if self._out:
                 out, self._out = self._out, []
                 return out
@@ -437,21 +368,8 @@ class Incoming:
         """The link is gone: every subscription opened here closes (its unacked
         deliveries go back to the group)."""
         self.closed = True
-        homes, self.homes = self.homes, {}
-        for home in homes.values():
-            home.sub.close()
+        self._homes.close()
         self._has_output.unpark_all()
-
-
-def _left(deliveries: Sequence[Delivery]) -> tuple[Delivery, ...]:
-    """``deliveries`` with a call's ``reply_by`` as seconds left (clocks differ)."""
-    if all(d.reply_by is None for d in deliveries):
-        return tuple(deliveries)
-    now = trio.current_time()
-    return tuple(
-        d if d.reply_by is None else d._replace(reply_by=max(d.reply_by - now, 0.0))
-        for d in deliveries
-    )
 
 
 class Peers:
