@@ -30,7 +30,13 @@ most ``min(max_inflated, max_ratio * len)`` bytes and a window never inflates
 past ``max_window_bytes``, and each piece is parsed with the same loop; a
 frame cut between two pieces is completed in a small carry. Windows that
 complete inside a ``C`` frame are returned once its zlib stream has ended and
-checked out. A ``C`` frame nested in another is inflated whole. A step that
+checked out. A ``C`` frame nested in another is inflated whole. With
+:attr:`ServerCodec.offload_at` set, a top-level ``C`` frame at least that
+large (and at most :data:`OFFLOAD_MAX_FRAME`) waits until it is whole and is
+handed out as an :class:`~protocols.lumberjack.events.Inflate` event, for the
+driver to run in a thread; its first :data:`OFFLOAD_STEP` bytes come back
+through the streamed frame's state, checked as an inline piece is, and the
+rest, if any, is inflated inline. A step that
 meets an incomplete frame says how many bytes it needs, so a large frame
 arriving in small pieces is not re-parsed per piece; the length fields of a
 ``D`` frame are scanned with a resumable cursor for the same reason. Every
