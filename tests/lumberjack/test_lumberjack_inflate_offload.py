@@ -240,3 +240,23 @@ async def test_a_session_inflating_in_threads_keeps_the_windows_in_order(
     assert all(p.window_done for p in progress)
     assert len(threads) == windows
     assert threading.get_ident() not in threads
+
+
+def test_events_before_a_frame_handed_out_can_be_taken_as_a_part_meanwhile() -> None:
+    codec = ServerCodec()
+    codec.offload_at = 1
+    codec.receive_data(
+        w(2, 4) + j(2, 1, b"{}") + j(2, 2, b"{}") + c(2, j(2, 3, b"{}") + j(2, 4, b"{}"))
+    )
+    event = codec.next_event()
+    assert isinstance(event, Inflate)
+    part = codec.take_part()  # the thread runs; the events before the frame wait no longer
+    assert part is not None
+    assert part.part
+    assert [seq for seq, _ in part.events] == [1, 2]
+    assert codec.take_part() is None
+    event.run()
+    rest = codec.next_event()
+    assert isinstance(rest, Window)
+    assert [seq for seq, _ in rest.events] == [3, 4]
+    assert (rest.highest_seq, rest.complete) == (4, True)
