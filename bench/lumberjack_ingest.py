@@ -17,6 +17,14 @@ what the number of workers multiplies. A subscriber would add its own cost
 and, in one worker of N, a topic hop for the events that the other workers
 received (``bench worker-hop`` measures that hop by itself).
 
+``--destination durable`` makes ``logs`` a durable log instead
+(``[[destinations]]`` with ``store = "embedded"``, the store's defaults, in
+a new ``data_dir`` per gateway run, removed after it): a window is acked
+once its events are stored (fsync ``interval``: at the next group commit).
+The store is worker 0's alone, so with N workers the others publish to it
+through their proxies (one hop each), and worker 0 stores every worker's
+events: this shows where worker 0 caps durable ingest.
+
 ``--inflate-in-thread SIZE`` sets the listener option ``inflate_in_thread``
 (``C`` frames from SIZE compressed bytes up are inflated in a thread, off the
 event loop); ``0`` inflates inline.
@@ -36,6 +44,7 @@ load started.
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import tempfile
 import zlib
@@ -52,6 +61,7 @@ from . import Result, register
 from ._gateway import START_TIMEOUT
 from ._process import connections_by_pid
 from .lumberjack import (
+    DESTINATION,
     Measured,
     Replay,
     SupervisedGateway,
@@ -98,9 +108,12 @@ class Phase:
 
 
 def ingest_config(args: argparse.Namespace, tls: bool) -> dict[str, Any]:
-    """The sink's listener (destination ``logs``, nobody subscribed), inflating as asked."""
+    """The sink's listener (destination ``logs``, nobody subscribed), inflating as asked;
+    ``logs`` a durable log in the store if ``--destination durable``."""
     config = sink_config(args, tls)
     config["listeners"][0]["inflate_in_thread"] = args.inflate_in_thread
+    if args.destination == "durable":
+        config["destinations"] = [{"name": DESTINATION, "store": "embedded"}]
     return config
 
 
@@ -109,6 +122,23 @@ async def _run_phase(
 ) -> None:
     command = ["-m", "gateway", "run", "{config}", "--workers", str(phase.workers)]
     path = tmp / f"ingest-{id(phase)}.toml"
+    # A data_dir of its own: a durable log starts empty in every run, and is removed after.
+    data_dir = tmp / f"data-{id(phase)}"
+    config = {**config, "gateway": {**config["gateway"], "data_dir": str(data_dir)}}
+    try:
+        await _serve_and_drive(phase, config, path, command, context, args)
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+async def _serve_and_drive(
+    phase: Phase,
+    config: dict[str, Any],
+    path: Path,
+    command: list[str],
+    context: Any,
+    args: argparse.Namespace,
+) -> None:
     async with gateway_process(config, path, command, phase.gateway):
         if not await phase.gateway.wait_for_workers(START_TIMEOUT):
             phase.replay.problems.append(f"not every worker served within {START_TIMEOUT:g}s")
@@ -135,6 +165,7 @@ async def _run_ingest(args: argparse.Namespace) -> Result:
     result = Result(params=_params(args, "subprocess", window))
     result.params["workers"] = args.workers
     result.params["inflate_in_thread"] = args.inflate_in_thread
+    result.params["destination"] = args.destination
     phases = [
         Phase(n, Replay(window, args.events, args.inflight), SupervisedGateway(n))
         for n in args.workers
@@ -190,16 +221,19 @@ def _report_phase(result: Result, name: str, phase: Phase) -> tuple[float | None
     elapsed = measured.elapsed
     result.add(f"{name}: acked events", phase.rate, "events/s")
     workers = phase.worker_seconds()
+    events = phase.replay.window_events
     for k, seconds in enumerate(workers):
         result.add(f"{name}: worker {k + 1} cpu load", 100 * seconds / elapsed, "% of a core")
+        if events:
+            result.add(f"{name}: worker {k + 1} cpu per event", 1e6 * seconds / events, "us")
     for k, count in enumerate(phase.connections):
         result.add(f"{name}: worker {k + 1} connections", count)
     if phase.workers > 1:
         load = 100 * phase.supervisor_seconds() / elapsed
         result.add(f"{name}: supervisor cpu load", load, "% of a core")
     us = None
-    if phase.replay.window_events and workers:
-        us = 1e6 * sum(workers) / phase.replay.window_events
+    if events and workers:
+        us = 1e6 * sum(workers) / events
         result.add(f"{name}: workers' cpu per event", us, "us")
     result.add(f"{name}: replay client cpu load", 100 * measured.own_cpu / elapsed, "% of a core")
     others = 0.0
@@ -246,6 +280,13 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
         "(default: 1,2,2,1)",
     )
     parser.add_argument(
+        "--destination",
+        choices=("topic", "durable"),
+        default="topic",
+        help="logs is an in-memory topic nobody reads, or a durable log in the store, "
+        "worker 0's (default: %(default)s)",
+    )
+    parser.add_argument(
         "--inflate-in-thread",
         type=int,
         default=0,
@@ -258,7 +299,8 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 @register(
     "lumberjack-ingest",
-    "Beats windows replayed → `gateway run --workers N` → topic nobody reads, per N: events/s",
+    "Beats windows replayed → `gateway run --workers N` → topic nobody reads (or a durable "
+    "log), per N: events/s",
     arguments=_arguments,
 )
 def run(args: argparse.Namespace) -> Result:

@@ -67,6 +67,11 @@ def test_bench_lists_its_benchmarks() -> None:
             "2 workers / 1",
             ("--workers", "1,2", "--connections", "4", "--inflate-in-thread", "1"),
         ),
+        (
+            "lumberjack-ingest",
+            "2 workers / 1",
+            ("--workers", "1,2", "--connections", "4", "--destination", "durable"),
+        ),
         ("lumberjack-inflate", "thread / inline: loop cpu per window", ("--events", "64")),
         ("segment-append", "acked / raw", ("--read", "warm")),
         ("segment-append", "acked / raw", ("--client", "replay", "--writers", "2", "--shared")),
@@ -78,6 +83,8 @@ def test_bench_lists_its_benchmarks() -> None:
             ("--pairs", "go-proxy", "--proxy-workers", "1,2", "--conns", "2"),
         ),
         ("worker-hop", "hop cost per message", ()),
+        ("worker-hop", "proxy cost per message", ("--kind", "queue")),
+        ("worker-hop", "proxy cost per message", ("--kind", "durable")),
     ],
 )
 def test_a_short_run_passes_its_self_checks(
