@@ -73,6 +73,9 @@ class GatewaySettings:
     limits: HubLimits = field(default_factory=HubLimits)
     #: Worker processes ``gateway run`` starts (``"auto"``: the usable cores); 1: no supervisor.
     workers: int = 1
+    #: With workers > 1: a listening socket per worker with ``SO_REUSEPORT`` for TCP
+    #: listeners (the kernel hashes connections over them) instead of shared ones.
+    reuse_port: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,6 +427,7 @@ def _gateway(root: _Table, base: Path) -> GatewaySettings:
         log_format=str(gw.get("log_format", "str", "text", check=check_format)).lower(),
         limits=limits,
         workers=gw.get("workers", "workers", 1, minimum=1),
+        reuse_port=gw.get("reuse_port", "bool", False),
     )
     gw.finish()
     return gateway

@@ -9,6 +9,13 @@ connection to whichever worker accepts first. Workers start in sessions of
 their own, so that a terminal's Ctrl-C reaches the supervisor alone and each
 worker gets exactly one forwarded signal.
 
+With ``[gateway] reuse_port``, each TCP listener (not a pinned one) has a
+socket per worker instead, with ``SO_REUSEPORT`` (:mod:`gateway.runtime.bound`),
+and worker ``i`` is always given set ``i``: the supervisor keeps every socket
+open, so a restarted or replacing worker serves the very socket its
+predecessor did, and the connections queued on it meanwhile are served, not
+dropped.
+
 - A worker that exits while the gateway is not stopping is logged with its
   exit status and started again: at once after a long life, after a delay
   that doubles (up to :data:`MAX_BACKOFF`) while it keeps dying young.
@@ -104,7 +111,9 @@ class Supervisor:
     def __post_init__(self) -> None:
         self.slots = [Slot(i) for i in range(self.workers)]
         self.stopping = False
-        self.sockets: dict[str, list[socket.socket]] = {}
+        #: Each listener's sets of sockets: one that every worker serves, or (reuse_port)
+        #: one per worker (:func:`~gateway.runtime.bound.bind_listeners`).
+        self.bound: dict[str, list[list[socket.socket]]] = {}
         self._stopped = trio.Event()
         #: The endpoints the supervisor serves for the whole gateway.
         binds = {"admin": self.config.admin_bind, "metrics": self.config.metrics_bind}
@@ -120,6 +129,11 @@ class Supervisor:
         self._replacing = trio.Lock()
 
     @property
+    def sockets(self) -> dict[str, list[socket.socket]]:
+        """Each listener's sockets, worker 0's with ``reuse_port`` (the same addresses)."""
+        return {name: sets[0] for name, sets in self.bound.items()}
+
+    @property
     def pids(self) -> list[int]:
         """The running workers' process ids."""
         return [s.process.pid for s in self.slots if s.process is not None]
@@ -128,7 +142,8 @@ class Supervisor:
         self, *, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED
     ) -> int:
         """Bind, start the workers, supervise until stopped; return the exit status."""
-        self.sockets = await bind_listeners(self.config, self.registry)
+        pinned = {ls.name for ls in self.config.listeners if self.pinned(ls.name)}
+        self.bound = await bind_listeners(self.config, self.registry, self.workers, pinned)
         peer_dir = tempfile.mkdtemp(prefix="gateway-peers-") if self.workers > 1 else None
         if peer_dir is not None:
             # One unix socket per worker: in-memory topics forward between them.
@@ -145,8 +160,8 @@ class Supervisor:
                     task_status.started(self)
                 outer.cancel_scope.cancel()
         finally:
-            for sockets in self.sockets.values():
-                for sock in sockets:
+            for sets in self.bound.values():
+                for sock in (sock for sockets in sets for sock in sockets):
                     sock.close()
             if peer_dir is not None:
                 shutil.rmtree(peer_dir, ignore_errors=True)
@@ -319,17 +334,21 @@ class Supervisor:
         return durable or any(self.pinned(ls.name) for ls in self.config.listeners)
 
     def _spec(self, slot: Slot, channels: dict[str, int], ready: int) -> WorkerSpec:
-        """What ``slot``'s worker is told: a pinned listener has no sockets but in worker 0."""
+        """What ``slot``'s worker is told: its listeners' descriptors (:meth:`_fds`)."""
         listeners = {
-            ls.name: (
-                ls.bind,
-                [s.fileno() for s in self.sockets[ls.name]]
-                if slot.index == 0 or not self.pinned(ls.name)
-                else [],
-            )
-            for ls in self.config.listeners
+            ls.name: (ls.bind, self._fds(ls.name, slot.index)) for ls in self.config.listeners
         }
         return WorkerSpec(slot.index, listeners, os.getpid(), channels, self.peer_paths, ready)
+
+    def _fds(self, listener: str, index: int) -> list[int]:
+        """The descriptors worker ``index`` serves ``listener`` on: its own set with
+        ``reuse_port``, else the shared one (none but in worker 0 for a pinned listener)."""
+        sets = self.bound[listener]
+        if len(sets) > 1:
+            return [s.fileno() for s in sets[index]]
+        if index == 0 or not self.pinned(listener):
+            return [s.fileno() for s in sets[0]]
+        return []
 
     # -- running the workers -----------------------------------------------------------
     async def _spawn(self, slot: Slot) -> WorkerProcess:
@@ -489,6 +508,7 @@ class Supervisor:
                 f"{ls.name} ({ls.protocol}) on "
                 + " ".join(describe_address(s) for s in self.sockets[ls.name])
                 + (" (worker 0 only)" if self.workers > 1 and self.pinned(ls.name) else "")
+                + (" (reuse_port: a socket per worker)" if len(self.bound[ls.name]) > 1 else "")
                 for ls in self.config.listeners
             )
             or "no listeners",

@@ -6,7 +6,9 @@ of its own (spawned, never forked from a running trio), with the listening
 sockets' descriptors passed down. :class:`WorkerSpec` is what ``SPEC`` says:
 the worker's number and, by listener name, the bind and the descriptors.
 Before its gateway starts, the worker hands those sockets to its listeners
-(:func:`adopt`), so that every worker accepts from the same kernel queues.
+(:func:`adopt`), so that every worker accepts from the same kernel queues;
+with ``[gateway] reuse_port`` a TCP listener's descriptors are this worker's
+own sockets (``SO_REUSEPORT``, one per worker), adopted the same way.
 
 The spec also names one unix socket path per worker: topics published in one
 worker reach subscribers in the others over links between them
