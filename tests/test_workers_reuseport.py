@@ -188,7 +188,7 @@ async def test_tcp_listeners_get_a_set_per_worker_unix_and_pinned_ones_share(
     supervisor = Supervisor(load(path), 2, command)
     async with trio.open_nursery() as nursery:
         finished = start(nursery, supervisor.run)
-        await until(lambda: len(specs) == 2)
+        await until(lambda: len(supervisor.pids) == 2)
         wild = supervisor.bound["wild"]
         assert len(wild) == 2
         assert {s.family for s in wild[0]} == {s.family for s in wild[1]}
@@ -199,6 +199,22 @@ async def test_tcp_listeners_get_a_set_per_worker_unix_and_pinned_ones_share(
         assert specs[1].listeners["seg"][1] == []
         supervisor.stop()
         assert await finished.wait() == 0
+
+
+async def test_a_stop_while_a_worker_starts_drains_that_worker_too() -> None:
+    """The SIGTERM forwarded while a worker was being started reaches it once it is
+    (else it would be killed past ``drain_timeout``, the exit status unclean)."""
+    config = parse({"gateway": {"drain_timeout": "1s"}}, source="<test>")
+
+    def command(spec: WorkerSpec) -> list[str]:
+        supervisor.stop()  # before the process exists
+        return ["sleep", "60"]
+
+    supervisor = Supervisor(config, 1, command)
+    async with trio.open_nursery() as nursery:
+        finished = start(nursery, supervisor.run)
+        assert await finished.wait() == 0
+    assert supervisor.slots[0].final == -signal.SIGTERM
 
 
 # -- the key -------------------------------------------------------------------------

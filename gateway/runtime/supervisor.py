@@ -359,7 +359,10 @@ class Supervisor:
     async def _keep_running(self, slot: Slot) -> None:
         """Run the worker of ``slot``, again each time it dies, until the supervisor stops."""
         while not self.stopping:
-            slot.install(await self._spawn(slot))
+            new = await self._spawn(slot)
+            slot.install(new)
+            if self.stopping:  # stopped while it started: the forwarded SIGTERM missed it
+                new.process.send_signal(signal.SIGTERM)
             status = await self._supervise(slot)
             assert slot.current is not None
             pid = slot.current.pid
