@@ -23,7 +23,9 @@ a new ``data_dir`` per gateway run, removed after it): a window is acked
 once its events are stored (fsync ``interval``: at the next group commit).
 The store is worker 0's alone, so with N workers the others publish to it
 through their proxies (one hop each), and worker 0 stores every worker's
-events: this shows where worker 0 caps durable ingest.
+events: this shows where worker 0 caps durable ingest. Each phase says which
+worker holds the store (the one with files under it open, from
+``/proc/PID/fd``), since the workers are listed by pid, not by index.
 
 ``--inflate-in-thread SIZE`` sets the listener option ``inflate_in_thread``
 (``C`` frames from SIZE compressed bytes up are inflated in a thread, off the
@@ -44,6 +46,8 @@ load started.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shutil
 import statistics
 import tempfile
@@ -91,6 +95,8 @@ class Phase:
     measured: Measured | None = None
     #: Connections each worker held once the load ran (a worker's order as started).
     connections: list[int] = field(default_factory=list)
+    #: Which of them (0-based, as started) has the store open; None: none seen.
+    store_holder: int | None = None
 
     @property
     def rate(self) -> float:
@@ -139,23 +145,40 @@ async def _serve_and_drive(
     context: Any,
     args: argparse.Namespace,
 ) -> None:
+    data_dir = Path(config["gateway"]["data_dir"])
     async with gateway_process(config, path, command, phase.gateway):
         if not await phase.gateway.wait_for_workers(START_TIMEOUT):
             phase.replay.problems.append(f"not every worker served within {START_TIMEOUT:g}s")
             return
         host, port = phase.gateway.listener_address()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_count_connections, phase, port, args.warmup)
+            nursery.start_soon(_count_connections, phase, port, args.warmup, data_dir / "store")
             phase.measured = await drive(phase.replay, [phase.gateway], host, port, context, args)
 
 
-async def _count_connections(phase: Phase, port: int, after: float) -> None:
+async def _count_connections(phase: Phase, port: int, after: float, store: Path) -> None:
     """Once the load runs (half the warm-up in): each worker's share of the connections."""
     await trio.sleep(after / 2)
     tree = phase.gateway.tree()
     workers = tree if phase.workers == 1 else tree[1:]
     counts = connections_by_pid(workers, port)
     phase.connections = [counts.get(pid, 0) for pid in workers]
+    holders = [k for k, pid in enumerate(workers) if _has_open_under(pid, store)]
+    phase.store_holder = holders[0] if len(holders) == 1 else None
+
+
+def _has_open_under(pid: int, directory: Path) -> bool:
+    """``pid`` has a file under ``directory`` open (from ``/proc/PID/fd``; False if unreadable)."""
+    prefix = str(directory) + os.sep
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(prefix):
+                return True
+    return False
 
 
 async def _run_ingest(args: argparse.Namespace) -> Result:
@@ -228,6 +251,8 @@ def _report_phase(result: Result, name: str, phase: Phase) -> tuple[float | None
             result.add(f"{name}: worker {k + 1} cpu per event", 1e6 * seconds / events, "us")
     for k, count in enumerate(phase.connections):
         result.add(f"{name}: worker {k + 1} connections", count)
+    if phase.store_holder is not None:
+        result.add(f"{name}: the store's worker", phase.store_holder + 1)
     if phase.workers > 1:
         load = 100 * phase.supervisor_seconds() / elapsed
         result.add(f"{name}: supervisor cpu load", load, "% of a core")
