@@ -254,6 +254,30 @@ def test_one_failure_in_a_large_window_marks_only_its_message() -> None:
     assert results[1235:] == [Result()] * (n - 1235)
 
 
+def test_failed_and_positions_in_agree_with_the_results() -> None:
+    """What a worker answers another with is read without a result per message."""
+    r = Receipt(6)
+    r.add_legs(12)  # two targets: a log and a topic
+    r.seal()
+    r.settle_stored(0, "log", [Position(10 + i, 1) for i in range(3)])
+    r.settle_stored(4, "log", [Position(20, 1), Position(21, 1)])
+    r.settle(3, Outcome.REJECTED, "too large")
+    r.settle_range(0, 2, Outcome.DELIVERED)  # the topic's leg of each
+    r.settle(2, Outcome.FAILED, "busy")
+    r.settle_range(3, 6, Outcome.DELIVERED)
+    results = r.results()
+    undelivered = [i for i, res in enumerate(results) if res.outcome is not Outcome.DELIVERED]
+    assert r.failed() == undelivered
+    assert r.failed() == [2, 3]
+    assert r.positions_in("log") == [res.positions.get("log") for res in results]
+    assert r.positions_in("topic") == [None] * 6
+    clean = Receipt(2)
+    clean.add_legs(2)
+    clean.seal()
+    clean.settle_range(0, 2, Outcome.DELIVERED)
+    assert clean.failed() == []
+
+
 # -- neutral legs ---------------------------------------------------------------------
 
 

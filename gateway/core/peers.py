@@ -327,13 +327,11 @@ class Incoming:
         if receipt.plain:
             self._push(self.wire.encode(Answer(batch)))
             return
-        results = receipt.results()
         failures = tuple(
             Failure(i, r.outcome, r.reason, r.reason_code or Reason.OTHER)
-            for i, r in enumerate(results)
-            if r.outcome is not Outcome.DELIVERED
+            for i, r in ((i, receipt.result(i)) for i in receipt.failed())
         )
-        positions = tuple(r.positions.get(destination) for r in results)
+        positions: tuple[Position | None, ...] = tuple(receipt.positions_in(destination))
         if all(p is None for p in positions):
             positions = ()
         self._push(self.wire.encode(Answer(batch, failures, receipt.reply, positions)))

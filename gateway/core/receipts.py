@@ -404,6 +404,23 @@ class Receipt:
         """Each message's result, in publish order."""
         return [self.result(i) for i in range(self._count)]
 
+    def failed(self) -> list[int]:
+        """The indexes of the messages that were not delivered (in publish order),
+        without building a result for each of the others."""
+        worsts = self._worsts
+        if worsts is None or not any(worsts):
+            return []
+        return [i for i, worst in enumerate(worsts) if worst]
+
+    def positions_in(self, destination: str) -> list[Position | None]:
+        """Where each message was stored in ``destination`` (None where it was not),
+        read from the runs of positions as the log reported them."""
+        out: list[Position | None] = [None] * self._count
+        for start, name, run in self._position_runs or ():
+            if name == destination:
+                out[start : start + len(run)] = run
+        return out
+
     def __repr__(self) -> str:
         state = self._outcome.name if self._outcome is not None else f"pending={self._pending}"
         return f"<Receipt {state}>"
