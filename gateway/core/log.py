@@ -53,7 +53,7 @@ import heapq
 import itertools
 import operator
 from abc import abstractmethod
-from collections.abc import Callable, Iterable, MutableSequence, Sequence
+from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -117,6 +117,9 @@ class PositionRun(Sequence[Position]):
 
     def __len__(self) -> int:
         return self.n
+
+    def __iter__(self) -> Iterator[Position]:
+        return iter(positions(self.first, self.first + self.n, self.partition))
 
     def __getitem__(self, i: int | slice) -> Any:
         if isinstance(i, slice):
