@@ -26,6 +26,7 @@ import pytest
 import trio
 from harness import host_port, running_gateway, start
 from interchange_ndjson.client import NdjsonClient
+from procfs import ESTABLISHED, port_of, socket_inodes, tcp_rows
 from waits import subscribed, until
 
 from gateway.cli import worker_gateway
@@ -178,23 +179,12 @@ async def send_all(port: int, bodies: list[bytes], acked: set[bytes]) -> None:
 
 def connections_of(pid: int, port: int) -> int:
     """Established TCP connections accepted on ``port`` that process ``pid`` holds."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for row in list(f)[1:]:
-                cols = row.split()
-                local_port = int(cols[1].rsplit(":", 1)[1], 16)
-                if local_port == port and cols[3] == "01" and cols[9] in inodes:
-                    count += 1
-    return count
+    inodes = socket_inodes(pid)
+    return sum(
+        1
+        for row in tcp_rows()
+        if port_of(row[1]) == port and row[3] == ESTABLISHED and row[9] in inodes
+    )
 
 
 # -- end to end ----------------------------------------------------------------------

@@ -21,6 +21,7 @@ import pytest
 import trio
 from harness import start
 from interchange_ndjson.client import NdjsonClient
+from procfs import LISTEN, port_of, socket_inodes, tcp_rows
 from test_workers import STARTUP, Supervised, connections_of, supervised
 from waits import until
 
@@ -45,27 +46,12 @@ def nd_config(tmp_path: Path, reuse_port: bool) -> Path:
 
 def listening_inodes(port: int) -> list[str]:
     """The inodes of the sockets ``/proc/net/tcp`` lists as listening on ``port``."""
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for row in list(f)[1:]:
-                cols = row.split()
-                if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "0A":
-                    found.append(cols[9])
-    return found
+    return [row[9] for row in tcp_rows() if port_of(row[1]) == port and row[3] == LISTEN]
 
 
 def listening_of(pid: int, port: int) -> set[str]:
     """The inodes of the sockets listening on ``port`` that process ``pid`` holds."""
-    held = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            held.add(target[8:-1])
-    return held & set(listening_inodes(port))
+    return socket_inodes(pid) & set(listening_inodes(port))
 
 
 async def served(port: int, n: int) -> list[NdjsonClient]:

@@ -15,7 +15,6 @@ import http.client
 import itertools
 import json
 import math
-import os
 import re
 import signal
 import subprocess
@@ -28,6 +27,7 @@ from typing import Any, Protocol
 import trio
 from interchange_ndjson.client import NdjsonClient
 from interchange_ndjson.events import Deliver
+from procfs import ESTABLISHED, port_of, socket_inodes, tcp_rows
 from test_workers import GATEWAY, STARTUP, _kill_quietly, _read_lines, connections_of
 from waits import POLL, until
 
@@ -142,44 +142,21 @@ async def running(config: Path, workers: int) -> AsyncIterator[GatewayProcess]:
 # -- which worker holds a connection ----------------------------------------------------------
 
 
-def _rows() -> list[list[str]]:
-    """The rows of the kernel's TCP tables, split into columns."""
-    rows = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            rows += [row.split() for row in list(f)[1:]]
-    return rows
-
-
-def _port(address: str) -> int:
-    return int(address.rsplit(":", 1)[1], 16)
-
-
-def _socket_inodes(pid: int) -> set[str]:
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    return inodes
-
-
 def _accepted_inode(server_port: int, client_port: int) -> str | None:
     """The inode of the socket accepted on ``server_port`` for the client whose own
     port is ``client_port``; None until a process accepted it."""
-    for cols in _rows():
-        if (_port(cols[1]), _port(cols[2])) == (server_port, client_port) and cols[9] != "0":
+    for cols in tcp_rows():
+        if (port_of(cols[1]), port_of(cols[2])) == (server_port, client_port) and cols[9] != "0":
             return cols[9]
     return None
 
 
 def connections_to(pid: int, port: int) -> int:
     """Established TCP connections that process ``pid`` opened to ``port``."""
-    inodes = _socket_inodes(pid)
-    return sum(1 for c in _rows() if _port(c[2]) == port and c[3] == "01" and c[9] in inodes)
+    inodes = socket_inodes(pid)
+    return sum(
+        1 for c in tcp_rows() if port_of(c[2]) == port and c[3] == ESTABLISHED and c[9] in inodes
+    )
 
 
 def holder(pids: Mapping[int, int], server_port: int, client_port: int) -> int | None:
@@ -188,7 +165,7 @@ def holder(pids: Mapping[int, int], server_port: int, client_port: int) -> int |
     inode = _accepted_inode(server_port, client_port)
     if inode is None:
         return None
-    return next((index for index, pid in pids.items() if inode in _socket_inodes(pid)), None)
+    return next((index for index, pid in pids.items() if inode in socket_inodes(pid)), None)
 
 
 async def place(
