@@ -104,7 +104,8 @@ async def supervised(config: Path, *args: str) -> AsyncIterator[Supervised]:
         try:
             await run.wait_for(r"serving: ")
             await run.wait_for(r"worker \d+ \(pid \d+\) starting", 2)
-            await run.wait_for(r"\[?serving: nd \(ndjson\) on \S+$", 2)
+            # Each worker's own line (the supervisor's ends with "; 2 workers").
+            await run.wait_for(r"\] gateway\.runtime: serving: nd \(ndjson\) on [^;]+$", 2)
             yield run
         finally:
             if process.returncode is None:

@@ -20,7 +20,9 @@ from interchange_ndjson.events import Deliver, End
 from test_workers import STARTUP, Supervised, connections_of, supervised
 from test_workers_topics import EARLY, one_on_each
 
+from gateway.durable.envelope import decode
 from gateway.runtime.catalog import home_worker
+from protocols.segment.blocking import SegmentClient
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -113,7 +115,13 @@ async def _read_whole(client: NdjsonClient, name: str) -> list[bytes]:
 async def test_a_durable_log_written_on_both_workers_reads_back_whole_after_a_restart(
     tmp_path: Path,
 ) -> None:
-    path = config(tmp_path, '[[destinations]]\nname = "kept"\nstore = "embedded"\n')
+    """Also through the segment listener, which worker 0 alone serves: what the
+    Spark connector reads (its blocking client) is everything both workers took."""
+    path = config(
+        tmp_path,
+        '[[destinations]]\nname = "kept"\nstore = "embedded"\n'
+        '[[listeners]]\nname = "seg"\nprotocol = "segment"\nbind = "127.0.0.1:0"\n',
+    )
     sent = [b"w%d-%d" % (w, i) for w in (0, 1) for i in range(20)]
     async with supervised(path) as run:
         await run.wait_for(r"linked to worker \d", 2)
@@ -133,4 +141,18 @@ async def test_a_durable_log_written_on_both_workers_reads_back_whole_after_a_re
         client = await on_worker(run.port, run.worker_pids(), 1)
         assert sorted(await _read_whole(client, "kept")) == sorted(sent)
         await client.aclose()
+        segment = run.matches(r"seg \(segment\) on (127\.0\.0\.1:\d+) \(worker 0 only\); 2 workers")
+        assert segment, "the segment listener is not pinned to worker 0"
+        read = await trio.to_thread.run_sync(_read_segments, segment[0][1], "kept")
+        assert sorted(read) == sorted(sent)
         await stop(run)
+
+
+def _read_segments(address: str, destination: str) -> list[bytes]:
+    """The bodies stored in ``destination``, read as the Spark connector reads them."""
+    bodies = []
+    with SegmentClient(address, timeout=STARTUP) as client:
+        for info in client.partitions(destination):
+            for event in client.read(info.segment, info.start, info.end):
+                bodies.append(decode(event.payload, destination).body)
+    return bodies
