@@ -319,8 +319,13 @@ async def test_a_broken_link_fails_the_publishers_legs_and_closes_the_home_subsc
         assert failed.outcome is Outcome.FAILED
         assert "within 5s" in failed.result(0).reason
         assert trio.current_time() - began == pytest.approx(LINK_WAIT)
-        with pytest.raises(trio.ClosedResourceError, match="no link to worker 1"):
-            await receive_now(a.subscribe(q))
+        # A subscription waits as long for a link, then ends.
+        late = a.subscribe(q)
+        assert await receive_now(late) == [], "it ended before waiting for a link"
+        began = trio.current_time()
+        with pytest.raises(trio.ClosedResourceError, match=r"no link to worker 1.*within 5s"):
+            await late.receive()
+        assert trio.current_time() - began == pytest.approx(LINK_WAIT)
 
 
 async def test_a_publish_before_the_link_is_up_waits_for_it(
@@ -347,6 +352,35 @@ async def test_a_publish_before_the_link_is_up_waits_for_it(
         consumer.ack(got.tag)
         await settle()
         assert published.result.outcome is Outcome.DELIVERED
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_subscription_made_before_the_link_is_up_opens_once_it_is(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    q = homed_at(1, 2, "q.")
+    async with mesh(2) as w, trio.open_nursery() as nursery:
+        a, b = w.hubs
+        w.cut(0, 1)
+        await settle()
+        consumer = a.subscribe(q, credit=0)
+        consumer.grant(2)  # credit granted while waiting counts once it opens
+        await trio.sleep(LINK_WAIT / 2)
+        dialled, accepted = trio.testing.memory_stream_pair()
+        nursery.start_soon(drive_outgoing, w.peers[0], 1, dialled)
+        nursery.start_soon(drive_incoming, w.peers[1], accepted)
+        await settle()
+        receipt = await b.publish([Message(q, b"%d" % i) for i in range(3)])
+        await settle()
+        got = await receive_now(consumer)
+        assert [d.message.body for d in got] == [b"0", b"1"]
+        consumer.ack_many(d.tag for d in got)
+        consumer.grant(1)
+        await settle()
+        (last,) = await receive_now(consumer)
+        consumer.ack(last.tag)
+        await settle()
+        assert receipt.outcome is Outcome.DELIVERED
         nursery.cancel_scope.cancel()
 
 

@@ -393,6 +393,8 @@ class Peers:
         self.batches_sent = 0
         self.messages_sent = 0
         self._linked = trio.lowlevel.ParkingLot()
+        #: What waits for a link to a worker there is none to yet, by worker.
+        self._when_linked: dict[int, list[Callable[[Outgoing], None]]] = {}
 
     # -- interest ------------------------------------------------------------------
     def watch(self, topic: Topic) -> None:
@@ -437,7 +439,13 @@ class Peers:
             self.index, peer, self.max_link_bytes, self.incarnation
         )
         self._linked.unpark_all()
+        for callback in self._when_linked.pop(peer, ()):
+            callback(link)
         return link
+
+    def when_linked(self, peer: int, callback: Callable[[Outgoing], None]) -> None:
+        """Call ``callback(link)`` once there is a new link to worker ``peer``."""
+        self._when_linked.setdefault(peer, []).append(callback)
 
     async def wait_link(self, peer: int, timeout: float) -> Outgoing | None:
         """The link to worker ``peer``, waiting up to ``timeout`` seconds for one while

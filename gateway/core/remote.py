@@ -25,6 +25,7 @@ destination's, and the fleet's merged status sums workers.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -212,12 +213,36 @@ class RemoteSubscription(Subscription):
         self.closed = False
         self._link = link
         self._number = 0
+        #: The request, while there is no link to the home to send it over yet.
+        self._pending: Subscribe | None = None
+        self._deadline = 0.0
         if link is None:
-            self._error = trio.ClosedResourceError(
-                f"no link to worker {destination.home}, the home of {destination.name!r}"
-            )
+            self._pending = request
+            self._deadline = trio.current_time() + LINK_WAIT
+            destination.peers.when_linked(destination.home, self._linked)
         else:
             self._number = link.subscribe(request, self)
+
+    def _linked(self, link: Outgoing) -> None:
+        """The home is reachable at last: open the subscription there, with the
+        credit granted meanwhile."""
+        request, self._pending = self._pending, None
+        if request is None or self.closed or self._error is not None:
+            return
+        self._link = link
+        self._number = link.subscribe(dataclasses.replace(request, credit=self._credit), self)
+        self._wake_up()
+
+    def _check_pending(self) -> None:
+        """No link to the home within :data:`LINK_WAIT`: the subscription ends."""
+        if self._pending is not None and trio.current_time() >= self._deadline:
+            self._pending = None
+            self.ended(
+                trio.ClosedResourceError(
+                    f"no link to worker {self._owner.home}, the home of"
+                    f" {self.destination!r}, within {LINK_WAIT:g}s"
+                )
+            )
 
     # -- what the home sends (ProxyEnd) ------------------------------------------------
     def delivered(self, deliveries: Sequence[Delivery]) -> None:
@@ -271,6 +296,7 @@ class RemoteSubscription(Subscription):
     def take(self, max_count: int | None = None) -> list[Delivery]:
         if self.closed:
             raise trio.ClosedResourceError("the subscription is closed")
+        self._check_pending()
         buffer = self._buffer
         if not buffer:
             if self._error is not None:
@@ -291,7 +317,11 @@ class RemoteSubscription(Subscription):
             out = self.take(max_count)
             if out or max_count == 0:
                 return out
-            await self._wake.park()
+            if self._pending is None:
+                await self._wake.park()
+                continue
+            with trio.move_on_at(self._deadline):
+                await self._wake.park()
 
     def watch(self, lot: trio.lowlevel.ParkingLot) -> None:
         self._lots.append(lot)
