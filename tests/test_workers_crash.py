@@ -25,6 +25,7 @@ import trio
 from interchange_ndjson.client import NdjsonClient
 from test_admin import _get
 from test_workers import STARTUP, supervised
+from test_workers_remote_e2e import _read_segments
 from test_workers_replace import on_worker
 from waits import until
 
@@ -63,10 +64,14 @@ async def subscribe(client: NdjsonClient | None, port: int, received: set[bytes]
 
 
 async def publish(
-    client: NdjsonClient | None, port: int, bodies: list[bytes], acked: set[bytes]
+    client: NdjsonClient | None,
+    port: int,
+    bodies: list[bytes],
+    acked: set[bytes],
+    destination: str = "news",
 ) -> None:
-    """Publish ``bodies`` in windows of 10, resending what was not delivered, on new
-    connections when one breaks."""
+    """Publish ``bodies`` to ``destination`` in windows of 10, resending what was not
+    delivered, on new connections when one breaks."""
     pending = list(bodies)
     while pending:
         try:
@@ -75,7 +80,7 @@ async def publish(
             async with client:
                 while pending:
                     window = pending[:10]
-                    ids = await client.publish_nowait(window, "news")
+                    ids = await client.publish_nowait(window, destination)
                     for body, answer in zip(window, await client.wait_answers(ids), strict=True):
                         if answer.status == "delivered":
                             acked.add(body)
@@ -118,6 +123,42 @@ async def test_kill_9_under_load_loses_nothing_acked(tmp_path: Path) -> None:
         status = await _status(admin)
         assert [(w["index"], w["running"]) for w in status["workers"]] == [(0, True), (1, True)]
         assert status["workers"][1]["pid"] == run.worker_pids()[1]
+        run.process.send_signal(signal.SIGTERM)
+        with trio.fail_after(STARTUP):
+            assert await run.process.wait() == 0, "\n".join(run.lines)
+
+
+async def test_kill_9_of_the_store_worker_loses_nothing_acked(tmp_path: Path) -> None:
+    """Worker 0 holds the store: killed while both workers' publishers store into a
+    durable log, it is restarted and recovers the store; every message either
+    publisher was told was delivered is in the log, read as the Spark connector
+    reads it (resends may have stored some twice)."""
+    path = tmp_path / "durable.toml"
+    path.write_text(
+        f'[gateway]\ndrain_timeout = "3s"\ndata_dir = "{tmp_path / "data"}"\n'
+        '[[listeners]]\nname = "nd"\nprotocol = "ndjson"\nbind = "127.0.0.1:0"\n'
+        '[[listeners]]\nname = "seg"\nprotocol = "segment"\nbind = "127.0.0.1:0"\n'
+        '[[destinations]]\nname = "kept"\nstore = "embedded"\n'
+    )
+    async with supervised(path) as run:
+        seg = run.matches(r"seg \(segment\) on (127\.0\.0\.1:\d+) \(worker 0 only\)")[0][1]
+        await run.wait_for(r"linked to worker \d", 2)
+        pids = run.worker_pids()
+        publishers = {i: await on_worker(run.port, pid, pids) for i, pid in pids.items()}
+        acked: set[bytes] = set()
+        expected = {b"%d-%d" % (i, n) for i in pids for n in range(COUNT)}
+        async with trio.open_nursery() as load:
+            for i, client in publishers.items():
+                bodies = [b"%d-%d" % (i, n) for n in range(COUNT)]
+                load.start_soon(publish, client, run.port, bodies, acked, "kept")
+            await until(lambda: len(acked) >= COUNT // 2, timeout=STARTUP)
+            assert len(acked) < len(expected), "the load was over before the kill"
+            os.kill(pids[0], signal.SIGKILL)
+            await run.wait_for(rf"worker 0 \(pid {pids[0]}\) exited with status -9")
+            await run.wait_for(r"worker 0 started", 2)
+        assert acked == expected
+        stored = await trio.to_thread.run_sync(_read_segments, seg, "kept")
+        assert acked <= set(stored), sorted(acked - set(stored))[:10]
         run.process.send_signal(signal.SIGTERM)
         with trio.fail_after(STARTUP):
             assert await run.process.wait() == 0, "\n".join(run.lines)
