@@ -345,20 +345,14 @@ class Hub:
                 )
                 continue
             await dest.put_many(copies, receipt, base)
-            if self.peers is not None:
-                await self._forward(dest, copies, receipt, base)
+            if self.peers is not None and _forwarded_to(dest):
+                # Other workers' subscribers of a plain topic get their copies too (a
+                # call's batch carries its deadline, and the answer its reply).
+                await self.peers.forward(dest.name, copies, receipt, base)
             if self._taps:
                 for tap in self._taps:
                     if tap.watches(target):
                         tap.offer(target, copies)
-
-    async def _forward(
-        self, dest: Destination, copies: list[Message], receipt: Receipt, base: int
-    ) -> None:
-        """Other workers' subscribers of an in-memory topic get their copies too (a
-        call's batch carries its deadline, and the answer its reply)."""
-        if self.peers is not None and type(dest) is Topic and dest.on_interest is not None:
-            await self.peers.forward(dest.name, copies, receipt, base)
 
     # -- call deadlines -------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -44,7 +44,7 @@ import trio
 
 from gateway.core.destination import Delivery, EndOfStream, Subscription
 from gateway.core.homes import Home, HomeFrame, Homes, OpenHome
-from gateway.core.model import Message, Outcome, Position, Reply
+from gateway.core.model import Message, Outcome, Position
 from gateway.core.peerwire import (
     ENDINGS,
     VERSION,
@@ -200,10 +200,7 @@ class Outgoing:
             return
         self.inflight_bytes -= sent.nbytes
         self._room.unpark_all()
-        if answer.positions:
-            _settle_stored(sent, answer.failures, answer.positions)
-        else:
-            _settle(sent, answer.failures, answer.reply)
+        _settle(sent, answer)
 
     async def take(self) -> list[bytes]:
         """Wait for frames to write, and return them (raises once broken)."""
@@ -238,40 +235,31 @@ def _lost(peer: int) -> tuple[Outcome, str]:
     return Outcome.FAILED, f"the link to worker {peer} broke before it answered"
 
 
-def _settle(sent: _InFlight, failures: Sequence[Failure], reply: Reply | None = None) -> None:
-    """Settle the legs of a batch: its failures as answered, the rest delivered (a
-    call's one message with its reply)."""
+def _settle(sent: _InFlight, answer: Answer) -> None:
+    """Settle the legs of a batch from its answer: a call's one message with its
+    reply; else its failures as answered, and each run between them delivered, or
+    stored at the positions the home answered (a log's)."""
     receipt, base = sent.receipt, sent.base
-    at = 0
-    if reply is not None and sent.count == 1 and not failures:
-        receipt.settle(base, Outcome.DELIVERED, reply=reply)
+    call = answer.reply is not None and not answer.positions and not answer.failures
+    if call and sent.count == 1:
+        receipt.settle(base, Outcome.DELIVERED, reply=answer.reply)
         return
-    for f in sorted(failures, key=lambda f: f.index):
-        if not at <= f.index < sent.count:
-            continue
-        receipt.settle_range(base + at, base + f.index, Outcome.DELIVERED)
-        receipt.settle(base + f.index, f.outcome, f.reason, reason_code=f.reason_code)
-        at = f.index + 1
-    receipt.settle_range(base + at, base + sent.count, Outcome.DELIVERED)
-
-
-def _settle_stored(
-    sent: _InFlight, failures: Sequence[Failure], positions: Sequence[Position | None]
-) -> None:
-    """Settle the legs of a batch a log stored: its failures as answered, each run
-    between them as stored at the positions the home answered."""
-    receipt, base = sent.receipt, sent.base
-    failed = {f.index: f for f in failures if 0 <= f.index < sent.count}
+    failed: dict[int, Failure] = {}
+    for f in answer.failures:
+        if 0 <= f.index < sent.count:
+            failed.setdefault(f.index, f)
     at = 0
     for stop in [*sorted(failed), sent.count]:
-        stored = [p for p in positions[at:stop] if p is not None]
+        stored = [p for p in answer.positions[at:stop] if p is not None]
         if stored and len(stored) == stop - at:
             receipt.settle_stored(base + at, sent.destination, stored)
         else:
             receipt.settle_range(base + at, base + stop, Outcome.DELIVERED)
-        f = failed.get(stop)
-        if f is not None:
-            receipt.settle(base + stop, f.outcome, f.reason, reason_code=f.reason_code)
+        failure = failed.get(stop)
+        if failure is not None:
+            receipt.settle(
+                base + stop, failure.outcome, failure.reason, reason_code=failure.reason_code
+            )
         at = stop + 1
 
 
@@ -418,12 +406,19 @@ class Peers:
         """Send ``messages`` (indexes ``base``… of the publish, all for topic ``name``)
         once to each other worker that has interest; each copy is a leg of ``receipt``."""
         for link in list(self.outgoing.values()):
-            if name not in link.interest:
-                continue
-            for lo, hi in split_batches(messages, link.max_bytes):
-                await link.send(name, messages[lo:hi], receipt, base + lo)
-                self.batches_sent += 1
-            self.messages_sent += len(messages)
+            if name in link.interest:
+                await self.send(link, name, messages, receipt, base)
+
+    async def send(
+        self, link: Outgoing, name: str, messages: Sequence[Message], receipt: Receipt, base: int
+    ) -> None:
+        """Send ``messages`` for ``name`` over ``link`` in batches of about half its
+        bound (:func:`split_batches`), each message a leg of ``receipt``; counted in
+        the figures."""
+        for lo, hi in split_batches(messages, link.max_bytes):
+            await link.send(name, messages[lo:hi], receipt, base + lo)
+            self.batches_sent += 1
+        self.messages_sent += len(messages)
 
     def link(self, peer: int) -> Outgoing | None:
         """The open link to worker ``peer``, or None while there is none."""

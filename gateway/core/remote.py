@@ -43,7 +43,7 @@ from gateway.core.destination import (
     Subscription,
 )
 from gateway.core.model import Message, Outcome, Position, Reply
-from gateway.core.peers import Outgoing, Peers, split_batches
+from gateway.core.peers import Outgoing, Peers
 from gateway.core.peerwire import Acks, Grant, Nack, Respond, Subscribe, Unsubscribe
 from gateway.core.reasons import Reason
 from gateway.core.receipts import Receipt
@@ -120,10 +120,7 @@ class RemoteDestination(Destination):
                 reason_code=Reason.UNAVAILABLE,
             )
             return
-        for lo, hi in split_batches(messages, link.max_bytes):
-            await link.send(self.name, messages[lo:hi], receipt, base + lo)
-            self.peers.batches_sent += 1
-        self.peers.messages_sent += len(messages)
+        await self.peers.send(link, self.name, messages, receipt, base)
 
     def subscribe(
         self,
